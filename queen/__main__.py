@@ -1,0 +1,3 @@
+from queen.cli import main
+
+raise SystemExit(main())

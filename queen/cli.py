@@ -1,0 +1,109 @@
+"""The `queen` command. Settings resolve once, here: flags over QUEEN_* variables over defaults."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+import trio
+
+from queen import __version__
+from queen.config import Config, config_fields, validate
+from queen.errors import CorruptLog
+
+logger = logging.getLogger("queen")
+
+
+def _env_name(field_name: str) -> str:
+    return "QUEEN_" + field_name.upper()
+
+
+def _flag(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="queen", description="Queen: durable KV, leased locks with fencing tokens, over HTTP.")
+    parser.add_argument("--version", action="version", version=f"queen {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve", help="run the broker",
+        description="Run the broker. Every setting can also come from the QUEEN_* variable named "
+                    "beside it; a flag wins over the variable, the variable over the default.")
+    for name, kind, default, help_text, metavar in config_fields():
+        serve.add_argument(_flag(name), dest=name, default=None, metavar=metavar,
+                           type={"int": int, "float": float}.get(kind, str),
+                           help=f"{help_text} [env {_env_name(name)}] (default: {default})")
+    return parser
+
+
+def resolve_config(args: argparse.Namespace, environ=os.environ) -> Config:
+    values = {}
+    for name, kind, default, _, _ in config_fields():
+        value = getattr(args, name, None)
+        if value is None and _env_name(name) in environ:
+            raw = environ[_env_name(name)]
+            try:
+                value = {"int": int, "float": float}.get(kind, str)(raw)
+            except ValueError:
+                raise SystemExit(f"queen: {_env_name(name)}={raw!r} is not a valid {kind}") from None
+        if value is not None:
+            values[name] = value
+    return Config(**values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve(resolve_config(args))
+    parser.print_help()
+    return 2
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(stream=sys.stderr, level=level.upper(),
+                        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+
+
+def serve(config: Config) -> int:
+    problems = validate(config)
+    if problems:
+        for problem in problems:
+            print(f"queen: {problem}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level)
+    from queen.runtime.server import DataDirBusy, Server
+
+    server = Server(config)
+
+    async def watch_signals():
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                logger.info("event=signal signal=%s", signal.Signals(signum).name)
+                server.request_shutdown()
+
+    async def main_task():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_signals)
+            await server.run()
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main_task)
+    except DataDirBusy as error:
+        logger.error("event=start_failed reason=%r", str(error))
+        return 1
+    except CorruptLog as error:
+        logger.error("event=start_failed reason=corrupt_log detail=%r action=refusing_to_start "
+                     "hint='inspect or move the named file; starting would drop acknowledged writes'", str(error))
+        return 1
+    except OSError as error:
+        logger.error("event=start_failed reason=%r", str(error))
+        return 1
+    return 0
+

@@ -1,0 +1,62 @@
+"""The server's configuration: one frozen object, resolved once in cli.py, passed explicitly.
+
+Every field carries its unit in its name, a default, and the reason for that default. The CLI
+builds its flags and QUEEN_* environment variables from these fields, so `queen serve --help`
+cannot drift from what the server actually reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+def _opt(default, help_text: str, metavar: str = ""):
+    return field(default=default, metadata={"help": help_text, "metavar": metavar})
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    host: str = _opt("127.0.0.1", "address to listen on; loopback by default so nothing is exposed by accident", "ADDR")
+    port: int = _opt(6632, "TCP port to listen on (0 picks a free one and logs it)", "PORT")
+    data_dir: str = _opt("./queen-data", "directory for the write-ahead log and snapshots", "DIR")
+    shard_count: int = _opt(4, "shard actors; each owns the keys that hash to it (all slots of a lock share one)", "N")
+    body_bytes_max: int = _opt(1 << 20, "largest request body accepted; larger answers 413", "BYTES")
+    header_bytes_max: int = _opt(16 << 10, "largest request head (request line + headers); larger answers 431/400", "BYTES")
+    request_read_timeout_s: float = _opt(10.0, "a request must arrive whole within this; a stalled client is cut off", "SECONDS")
+    idle_timeout_s: float = _opt(60.0, "an idle keep-alive connection is closed after this", "SECONDS")
+    connections_max: int = _opt(1024, "concurrent connections; past it new ones get 503 and are closed", "N")
+    ops_per_call_max: int = _opt(1024, "operations in one KV batch or transaction", "N")
+    value_bytes_max: int = _opt(256 << 10, "largest KV value, measured as its JSON encoding", "BYTES")
+    segment_bytes_max: int = _opt(64 << 20, "a WAL segment file is closed and a new one started past this size", "BYTES")
+    snapshot_wal_bytes: int = _opt(32 << 20, "take a snapshot once this many WAL bytes were written since the last one; then covered segments are deleted", "BYTES")
+    shutdown_grace_s: float = _opt(10.0, "on SIGTERM/SIGINT, time allowed for in-flight requests before connections are cut", "SECONDS")
+    log_level: str = _opt("info", "diagnostic log level on stderr: debug, info, warning, error", "LEVEL")
+
+    def replace(self, **changes) -> Config:
+        return dataclasses.replace(self, **changes)
+
+
+def config_fields():
+    """(name, type, default, help, metavar) of every setting, in declaration order."""
+    for f in dataclasses.fields(Config):
+        yield f.name, f.type, f.default, f.metadata["help"], f.metadata["metavar"]
+
+
+def validate(config: Config) -> list[str]:
+    """Human sentences for every setting that cannot work; empty when the config is sound."""
+    problems = []
+    if not 0 <= config.port <= 65535:
+        problems.append(f"port {config.port} is not between 0 and 65535")
+    if not 1 <= config.shard_count <= 256:
+        problems.append("shard count must be between 1 and 256")
+    for name in ("body_bytes_max", "header_bytes_max", "connections_max", "ops_per_call_max",
+                 "value_bytes_max", "segment_bytes_max", "snapshot_wal_bytes"):
+        if getattr(config, name) < 1:
+            problems.append(f"{name.replace('_', '-')} must be at least 1")
+    for name in ("request_read_timeout_s", "idle_timeout_s", "shutdown_grace_s"):
+        if getattr(config, name) <= 0:
+            problems.append(f"{name.replace('_', '-')} must be above 0")
+    if config.log_level.lower() not in ("debug", "info", "warning", "error"):
+        problems.append(f"log level {config.log_level!r} is not one of debug, info, warning, error")
+    return problems

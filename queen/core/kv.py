@@ -1,0 +1,512 @@
+"""The KV state machine of one shard, and the parsing of KV operations from their wire form.
+
+Owns: the rows of the keys that hash to this shard, their ordered key index per namespace, and a
+timing wheel that frees expired rows. Invariants:
+  - a row whose expires_at_ms has passed is absent for every operation, removed or not;
+  - every write takes the next value of the one global VersionCounter (deletes included), so
+    versions never go back, and effects are produced in version order;
+  - a miss (expect, exists, limit) writes nothing and consumes no version.
+Never: reads a clock, touches disk, awaits. Results are wire dicts (camelCase) because building
+them once here is cheaper per operation than building an internal object and converting it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+import orjson
+from sortedcontainers import SortedList
+
+from queen.core.wheel import TimingWheel
+from queen.errors import BadRequest
+
+RESERVED_NS_PREFIX = "queen-"
+LOCKS_NS = "queen-locks"
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+
+# Effect record tags, as written in WAL frames (set in stone with wal/frame.py FORMAT_VERSION).
+EFFECT_PUT = "p"
+EFFECT_DELETE = "d"
+
+
+class Limits:
+    """Per-operation limits (DESIGN.md §3); defaults come from Config."""
+
+    __slots__ = ("ns_bytes_max", "key_bytes_max", "value_bytes_max", "ops_per_call_max",
+                 "page_items_max", "ttl_seconds_max")
+
+    def __init__(self, value_bytes_max: int = 256 << 10, ops_per_call_max: int = 1024):
+        self.ns_bytes_max = 128
+        self.key_bytes_max = 1024
+        self.value_bytes_max = value_bytes_max
+        self.ops_per_call_max = ops_per_call_max
+        self.page_items_max = 1000
+        # Ten years: long enough for "keep", short enough that expiry arithmetic stays in int64.
+        self.ttl_seconds_max = 10 * 365 * 86400
+
+
+class VersionCounter:
+    """The one global version sequence. Shared by every shard; safe because all run on one thread."""
+
+    __slots__ = ("last",)
+
+    def __init__(self, last: int = 0):
+        self.last = last
+
+    def next(self) -> int:
+        self.last += 1
+        return self.last
+
+
+class Row:
+    """One key's current state. Immutable by convention: a write makes a new Row, so a shallow copy
+    of a table is a consistent snapshot."""
+
+    __slots__ = ("value", "version", "create_version", "created_at_ms", "updated_at_ms", "expires_at_ms")
+
+    def __init__(self, value, version, create_version, created_at_ms, updated_at_ms, expires_at_ms):
+        self.value = value
+        self.version = version
+        self.create_version = create_version
+        self.created_at_ms = created_at_ms
+        self.updated_at_ms = updated_at_ms
+        self.expires_at_ms = expires_at_ms  # 0 means forever
+
+    def expires_at(self):
+        return self.expires_at_ms or None
+
+
+class Table:
+    """The rows of one namespace on one shard, with their keys kept in order for prefix pages."""
+
+    __slots__ = ("rows", "keys")
+
+    def __init__(self):
+        self.rows: dict[str, Row] = {}
+        self.keys = SortedList()
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing: wire dict -> KvOp, raising BadRequest before anything is applied.
+
+
+class KvOp:
+    __slots__ = ("op", "ns", "key", "value", "ttl_ms", "expect", "by", "max", "min", "keys",
+                 "prefix", "cursor", "limit", "required")
+
+    def __init__(self, op, ns, key=None):
+        self.op = op
+        self.ns = ns
+        self.key = key
+        self.value = None
+        self.ttl_ms = 0  # 0 = forever, for writes
+        self.expect = None
+        self.by = 1
+        self.max = None
+        self.min = None
+        self.keys = None
+        self.prefix = ""
+        self.cursor = None
+        self.limit = 100
+        self.required = True
+
+
+READ_OPS = frozenset(("get", "getMany", "getPrefix", "check"))
+WRITE_OPS = frozenset(("put", "putIfAbsent", "delete", "incr"))
+KV_OPS = READ_OPS | WRITE_OPS
+LIFETIME_OPS = frozenset(("put", "putIfAbsent", "incr"))
+
+
+def _fail(code: str, message: str, index, **details):
+    if index is not None:
+        details["index"] = index
+    raise BadRequest(code, message, details)
+
+
+def _text(raw, what: str, bytes_max: int, index) -> str:
+    if type(raw) is not str:
+        _fail(f"invalid_{what}", f"{what} must be a string", index)
+    size = len(raw) if raw.isascii() else len(raw.encode())
+    if size == 0 or size > bytes_max:
+        _fail(f"invalid_{what}", f"{what} must be 1 to {bytes_max} bytes", index, bytes=size)
+    return raw
+
+
+def _int(raw, what: str, index, low=INT64_MIN, high=INT64_MAX) -> int:
+    if type(raw) is not int or not low <= raw <= high:
+        _fail(f"invalid_{what}", f"{what} must be an integer from {low} to {high}", index)
+    return raw
+
+
+def parse_lifetime(raw: dict, index, ttl_seconds_max: int) -> int:
+    """ttlSeconds or forever:true, exactly one; returns ttl_ms (0 = forever)."""
+    ttl = raw.get("ttlSeconds")
+    forever = raw.get("forever")
+    if forever is not None and forever is not False and forever is not True:
+        _fail("invalid_forever", "forever must be true or false", index)
+    if ttl is None:
+        if forever is not True:
+            _fail("ttl_required", "every write names its lifetime: ttlSeconds (integer >= 1) or forever: true", index)
+        return 0
+    if forever is True:
+        _fail("ttl_conflict", "give ttlSeconds or forever: true, not both", index)
+    if type(ttl) is not int or not 1 <= ttl <= ttl_seconds_max:
+        _fail("invalid_ttl", f"ttlSeconds must be an integer from 1 to {ttl_seconds_max}", index)
+    return ttl * 1000
+
+
+def check_value(value, limits: Limits, index):
+    try:
+        size = len(orjson.dumps(value))
+    except TypeError:
+        _fail("invalid_value", "value must be representable as JSON", index)
+    if size > limits.value_bytes_max:
+        _fail("value_too_large", f"value is {size} bytes encoded; the limit is {limits.value_bytes_max}", index,
+              bytes=size, limit=limits.value_bytes_max)
+
+
+def parse_kv_op(raw, index, limits: Limits, allow_reserved: bool = False) -> KvOp:
+    if type(raw) is not dict:
+        _fail("invalid_operation", "each operation must be an object", index)
+    name = raw.get("op")
+    if name not in KV_OPS:
+        _fail("unknown_op", f"op must be one of {', '.join(sorted(KV_OPS))}", index, op=name)
+    ns = _text(raw.get("ns"), "ns", limits.ns_bytes_max, index)
+    if name == "getMany":
+        keys = raw.get("keys")
+        if type(keys) is not list or not 1 <= len(keys) <= limits.page_items_max:
+            _fail("invalid_keys", f"keys must be a list of 1 to {limits.page_items_max} keys", index)
+        op = KvOp(name, ns)
+        op.keys = [_text(k, "key", limits.key_bytes_max, index) for k in keys]
+        return op
+    if name == "getPrefix":
+        op = KvOp(name, ns)
+        prefix = raw.get("prefix", "")
+        if type(prefix) is not str or len(prefix.encode()) > limits.key_bytes_max:
+            _fail("invalid_prefix", f"prefix must be a string of at most {limits.key_bytes_max} bytes", index)
+        op.prefix = prefix
+        op.cursor = decode_cursor(raw.get("cursor"), index)
+        op.limit = _int(raw.get("limit", 100), "limit", index, 1, limits.page_items_max)
+        return op
+    op = KvOp(name, ns, _text(raw.get("key"), "key", limits.key_bytes_max, index))
+    if name in WRITE_OPS and not allow_reserved and ns.startswith(RESERVED_NS_PREFIX):
+        _fail("reserved_namespace", f"namespaces starting {RESERVED_NS_PREFIX!r} are written only through their own routes", index, ns=ns)
+    if name == "get":
+        return op
+    expect = raw.get("expect")
+    if expect is not None:
+        op.expect = _int(expect, "expect", index, 0, INT64_MAX)
+    if name == "check":
+        if expect is None:
+            _fail("invalid_expect", "check needs expect (0 means the key is absent)", index)
+        required = raw.get("required", True)
+        if required is not True and required is not False:
+            _fail("invalid_required", "required must be true or false", index)
+        op.required = required
+        return op
+    if name in LIFETIME_OPS:
+        op.ttl_ms = parse_lifetime(raw, index, limits.ttl_seconds_max)
+    if name == "put" or name == "putIfAbsent":
+        if "value" not in raw:
+            _fail("value_required", f"{name} needs a value", index)
+        op.value = raw["value"]
+        check_value(op.value, limits, index)
+        if name == "putIfAbsent" and expect is not None:
+            _fail("invalid_expect", "putIfAbsent takes no expect; it applies only when the key is absent", index)
+    elif name == "incr":
+        op.by = _int(raw.get("by", 1), "by", index)
+        if raw.get("max") is not None:
+            op.max = _int(raw["max"], "max", index)
+        if raw.get("min") is not None:
+            op.min = _int(raw["min"], "min", index)
+    return op
+
+
+def encode_cursor(key: str) -> str:
+    """A page cursor is the last key returned, opaque and URL-safe."""
+    return base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
+
+
+def decode_cursor(raw, index=None) -> str | None:
+    if raw is None or raw == "":
+        return None
+    if type(raw) is not str:
+        _fail("invalid_cursor", "cursor must be the string a previous page returned", index)
+    try:
+        return base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode()
+    except (binascii.Error, ValueError):
+        _fail("invalid_cursor", "cursor must be the string a previous page returned", index)
+
+
+def parse_kv_ops(raw_ops, limits: Limits, allow_reserved: bool = False) -> list[KvOp]:
+    if type(raw_ops) is not list or not raw_ops:
+        raise BadRequest("invalid_operations", "operations must be a non-empty list")
+    if len(raw_ops) > limits.ops_per_call_max:
+        raise BadRequest("too_many_operations", f"at most {limits.ops_per_call_max} operations per call",
+                         {"count": len(raw_ops), "limit": limits.ops_per_call_max})
+    return [parse_kv_op(raw, i, limits, allow_reserved) for i, raw in enumerate(raw_ops)]
+
+
+# --------------------------------------------------------------------------------------------
+# The state machine.
+
+
+def _item(row: Row | None) -> dict:
+    if row is None:
+        return {"found": False, "value": None, "version": 0, "expiresAt": None}
+    return {"found": True, "value": row.value, "version": row.version, "expiresAt": row.expires_at_ms or None}
+
+
+def _current(row: Row | None) -> dict:
+    if row is None:
+        return {"value": None, "version": 0}
+    return {"value": row.value, "version": row.version}
+
+
+class KvState:
+    """The rows of one shard. `wait_version` is, after each call, the highest version the answer
+    depends on, so the caller can hold the answer until that version is durable."""
+
+    __slots__ = ("tables", "versions", "wheel", "last_delete_version", "wait_version", "_apply")
+
+    def __init__(self, versions: VersionCounter, now_ms: int):
+        self.tables: dict[str, Table] = {}
+        self.versions = versions
+        self.wheel = TimingWheel(now_ms)
+        # Reads that find a key absent depend on deletes not yet durable; tracked per shard, which
+        # is conservative and cheap.
+        self.last_delete_version = 0
+        self.wait_version = 0
+        self._apply = {
+            "get": self._get, "getMany": self._get_many, "getPrefix": self._get_prefix,
+            "check": self._check, "put": self._put, "putIfAbsent": self._put,
+            "delete": self._delete, "incr": self._incr,
+        }
+
+    # -- row access --------------------------------------------------------------------------
+
+    def live_row(self, ns: str, key: str, now_ms: int) -> Row | None:
+        table = self.tables.get(ns)
+        if table is None:
+            return None
+        row = table.rows.get(key)
+        if row is not None and row.expires_at_ms and row.expires_at_ms <= now_ms:
+            self._drop(table, ns, key)
+            return None
+        return row
+
+    def _observe(self, row: Row | None) -> None:
+        seen = row.version if row is not None else self.last_delete_version
+        if seen > self.wait_version:
+            self.wait_version = seen
+
+    def _store(self, ns: str, key: str, row: Row, effects: list) -> None:
+        table = self.tables.get(ns)
+        if table is None:
+            table = self.tables[ns] = Table()
+        if key not in table.rows:
+            table.keys.add(key)
+        table.rows[key] = row
+        if row.expires_at_ms:
+            self.wheel.add((ns, key), row.expires_at_ms)
+        else:
+            self.wheel.remove((ns, key))
+        effects.append((EFFECT_PUT, ns, key, row.value, row.version, row.create_version,
+                        row.created_at_ms, row.updated_at_ms, row.expires_at_ms))
+        self.wait_version = row.version
+
+    def _drop(self, table: Table, ns: str, key: str) -> None:
+        del table.rows[key]
+        table.keys.remove(key)
+        self.wheel.remove((ns, key))
+        if not table.rows:
+            del self.tables[ns]
+
+    def write(self, ns: str, key: str, value, ttl_ms: int, old: Row | None, now_ms: int, effects: list) -> Row:
+        """Store a new version of (ns, key); `old` is its live row or None."""
+        version = self.versions.next()
+        expires_at_ms = now_ms + ttl_ms if ttl_ms else 0
+        if old is None:
+            row = Row(value, version, version, now_ms, now_ms, expires_at_ms)
+        else:
+            row = Row(value, version, old.create_version, old.created_at_ms, now_ms, expires_at_ms)
+        self._store(ns, key, row, effects)
+        return row
+
+    def delete(self, ns: str, key: str, effects: list) -> int:
+        """Remove a live row; the delete takes a version so the counter survives in the WAL."""
+        version = self.versions.next()
+        self._drop(self.tables[ns], ns, key)
+        effects.append((EFFECT_DELETE, ns, key, version))
+        self.last_delete_version = version
+        self.wait_version = version
+        return version
+
+    # -- operations ----------------------------------------------------------------------------
+
+    def apply(self, op: KvOp, now_ms: int, effects: list) -> dict:
+        return self._apply[op.op](op, now_ms, effects)
+
+    def precheck(self, op: KvOp, now_ms: int) -> dict | None:
+        """For transactions: the miss answer this op would give now, or None if it would apply."""
+        row = self.live_row(op.ns, op.key, now_ms)
+        self._observe(row)
+        name = op.op
+        if name == "check":
+            version = row.version if row is not None else 0
+            if version != op.expect and op.required:
+                return {"applied": False, "reason": "version", "version": version}
+            return None
+        if name == "putIfAbsent":
+            return {"applied": False, "reason": "exists", "current": _current(row)} if row is not None else None
+        if op.expect is not None and (row.version if row is not None else 0) != op.expect:
+            return {"applied": False, "reason": "version", "current": _current(row)}
+        if name == "delete" and row is None:
+            return {"applied": False, "reason": "absent"}
+        if name == "incr":
+            return self._incr_miss(op, row)
+        return None
+
+    def _get(self, op, now_ms, effects):
+        row = self.live_row(op.ns, op.key, now_ms)
+        self._observe(row)
+        return _item(row)
+
+    def _get_many(self, op, now_ms, effects):
+        items = []
+        for key in op.keys:
+            row = self.live_row(op.ns, key, now_ms)
+            self._observe(row)
+            item = _item(row)
+            item["key"] = key
+            items.append(item)
+        return {"items": items}
+
+    def _get_prefix(self, op, now_ms, effects):
+        """One shard's part of a page: up to limit+1 live items after the cursor, in key order."""
+        table = self.tables.get(op.ns)
+        items = []
+        if table is None:
+            return {"items": items}
+        prefix = op.prefix
+        start = op.cursor if op.cursor is not None and op.cursor >= prefix else prefix
+        keys = table.keys
+        position = keys.bisect_right(start) if op.cursor is not None and start == op.cursor else keys.bisect_left(start)
+        wanted = op.limit + 1  # one more tells the router whether another page exists
+        expired = []
+        for key in keys.islice(position):
+            if not key.startswith(prefix):
+                break
+            row = table.rows[key]
+            if row.expires_at_ms and row.expires_at_ms <= now_ms:
+                expired.append(key)
+                continue
+            self._observe(row)
+            items.append({"key": key, "value": row.value, "version": row.version, "expiresAt": row.expires_at_ms or None})
+            if len(items) >= wanted:
+                break
+        if self.last_delete_version > self.wait_version:
+            self.wait_version = self.last_delete_version
+        for key in expired:
+            self._drop(table, op.ns, key)
+        return {"items": items}
+
+    def _check(self, op, now_ms, effects):
+        row = self.live_row(op.ns, op.key, now_ms)
+        self._observe(row)
+        version = row.version if row is not None else 0
+        return {"applied": version == op.expect, "version": version}
+
+    def _put(self, op, now_ms, effects):
+        row = self.live_row(op.ns, op.key, now_ms)
+        if op.op == "putIfAbsent":
+            if row is not None:
+                self._observe(row)
+                return {"applied": False, "reason": "exists", "current": _current(row)}
+        elif op.expect is not None and (row.version if row is not None else 0) != op.expect:
+            self._observe(row)
+            return {"applied": False, "reason": "version", "current": _current(row)}
+        new = self.write(op.ns, op.key, op.value, op.ttl_ms, row, now_ms, effects)
+        return {"applied": True, "version": new.version}
+
+    def _delete(self, op, now_ms, effects):
+        row = self.live_row(op.ns, op.key, now_ms)
+        if row is None:
+            self._observe(None)
+            return {"applied": False, "reason": "absent"}
+        if op.expect is not None and row.version != op.expect:
+            self._observe(row)
+            return {"applied": False, "reason": "version", "current": _current(row)}
+        return {"applied": True, "version": self.delete(op.ns, op.key, effects)}
+
+    def _incr_miss(self, op, row) -> dict | None:
+        current = row.value if row is not None else 0
+        if type(current) is not int:
+            return {"applied": False, "reason": "not_integer", "current": _current(row)}
+        value = current + op.by
+        if ((op.max is not None and value > op.max) or (op.min is not None and value < op.min)
+                or not INT64_MIN <= value <= INT64_MAX):
+            return {"applied": False, "reason": "limit", "value": current, "version": row.version if row else 0}
+        return None
+
+    def _incr(self, op, now_ms, effects):
+        row = self.live_row(op.ns, op.key, now_ms)
+        if op.expect is not None and (row.version if row is not None else 0) != op.expect:
+            self._observe(row)
+            return {"applied": False, "reason": "version", "current": _current(row)}
+        miss = self._incr_miss(op, row)
+        if miss is not None:
+            self._observe(row)
+            return miss
+        value = (row.value if row is not None else 0) + op.by
+        new = self.write(op.ns, op.key, value, op.ttl_ms, row, now_ms, effects)
+        return {"applied": True, "value": value, "version": new.version}
+
+    # -- time and recovery -----------------------------------------------------------------------
+
+    def expire(self, now_ms: int) -> list[tuple[str, str]]:
+        """Free the rows whose lifetime has passed; returns their (ns, key). Writes nothing to the
+        WAL: expiry is a function of the stored expires_at_ms, so replay reaches the same state."""
+        gone = []
+        for ns, key in self.wheel.advance(now_ms):
+            table = self.tables.get(ns)
+            row = table.rows.get(key) if table is not None else None
+            if row is not None and row.expires_at_ms and row.expires_at_ms <= now_ms:
+                del table.rows[key]
+                table.keys.remove(key)
+                if not table.rows:
+                    del self.tables[ns]
+                gone.append((ns, key))
+        return gone
+
+    def replay(self, effect) -> None:
+        """Re-apply one effect record from the WAL or a snapshot."""
+        tag = effect[0]
+        if tag == EFFECT_PUT:
+            _, ns, key, value, version, create_version, created_at_ms, updated_at_ms, expires_at_ms = effect
+            table = self.tables.get(ns)
+            if table is None:
+                table = self.tables[ns] = Table()
+            if key not in table.rows:
+                table.keys.add(key)
+            table.rows[key] = Row(value, version, create_version, created_at_ms, updated_at_ms, expires_at_ms)
+            if expires_at_ms:
+                self.wheel.add((ns, key), expires_at_ms)
+            else:
+                self.wheel.remove((ns, key))
+        elif tag == EFFECT_DELETE:
+            _, ns, key, version = effect
+            table = self.tables.get(ns)
+            if table is not None and key in table.rows:
+                self._drop(table, ns, key)
+        else:
+            raise ValueError(f"unknown effect tag {tag!r}")
+
+    def rows_for_snapshot(self):
+        """A consistent copy of every row, cheap to take: rows are immutable, so shallow copies do."""
+        return [(ns, dict(table.rows)) for ns, table in self.tables.items()]
+
+    def row_count(self) -> int:
+        return sum(len(t.rows) for t in self.tables.values())

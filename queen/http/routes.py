@@ -1,0 +1,135 @@
+"""The HTTP API: routes to handlers, request documents to core operations, results to responses.
+
+Everything a handler raises is a QueenError, mapped to an HTTP answer in connection.py. A request
+is parsed and checked whole before anything is sent to a shard, so a rejected call changes nothing.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, unquote
+
+from queen.core.kv import READ_OPS, Limits, parse_kv_op, parse_kv_ops
+from queen.errors import BadRequest, QueenError
+from queen.http.codec import decode_body, encode_body
+from queen.http.connection import Request, Response
+
+API = "/api/v1/"
+KV_PREFIX = "/api/v1/kv/"
+
+
+class NotFound(QueenError):
+    http_status = 404
+
+
+class MethodNotAllowed(QueenError):
+    http_status = 405
+
+
+class Api:
+    def __init__(self, router, limits: Limits, metrics=None):
+        self.router = router
+        self.limits = limits
+        self.metrics = metrics
+
+    async def handle(self, request: Request) -> Response:
+        target = request.target.decode("latin-1")
+        path, _, query = target.partition("?")
+        method = request.method
+        if path == "/api/v1/kv":
+            _allow(method, b"POST")
+            return self._reply(request, await self._kv_batch(request))
+        if path.startswith(KV_PREFIX):
+            return self._reply(request, await self._kv_one_key(request, method, path[len(KV_PREFIX):], query))
+        if path == "/healthz":
+            _allow(method, b"GET")
+            return self._health(request)
+        if path == "/metrics":
+            _allow(method, b"GET")
+            text = self.metrics() if self.metrics is not None else ""
+            return Response(200, text.encode(), b"text/plain; version=0.0.4")
+        raise NotFound("not_found", f"no route {path}", {"path": path[:200]})
+
+    def _reply(self, request: Request, document, status: int = 200) -> Response:
+        body, content_type = encode_body(document, request.accept.startswith(b"application/cbor"))
+        return Response(status, body, content_type)
+
+    def _health(self, request: Request) -> Response:
+        failed = self.router.writer.failed
+        if failed is not None:
+            return self._reply(request, {"status": "failed", "reason": str(failed)}, 503)
+        if self.router.draining:
+            return self._reply(request, {"status": "shutting_down"}, 503)
+        return self._reply(request, {"status": "ok"})
+
+    # -- KV --------------------------------------------------------------------------------------
+
+    async def _kv_batch(self, request: Request):
+        document = decode_body(request.body, request.content_type)
+        if type(document) is not dict:
+            raise BadRequest("invalid_body", 'the body must be an object: {"operations": [...]}')
+        ops = parse_kv_ops(document.get("operations"), self.limits)
+        has_writes = any(op.op not in READ_OPS for op in ops)
+        return {"results": await self.router.run_kv(ops, has_writes)}
+
+    async def _kv_one_key(self, request: Request, method: bytes, rest: str, query: str):
+        ns_raw, slash, key_raw = rest.partition("/")
+        ns = unquote(ns_raw)
+        params = _query(query)
+        if not slash or not key_raw:
+            # GET /api/v1/kv/{ns}?prefix=&cursor=&limit= : one page of keys.
+            _allow(method, b"GET")
+            raw = {"op": "getPrefix", "ns": ns, "prefix": params.get("prefix", "")}
+            if "cursor" in params:
+                raw["cursor"] = params["cursor"]
+            if "limit" in params:
+                raw["limit"] = _int_param(params, "limit")
+            return await self._one(raw)
+        if method == b"POST":
+            if not key_raw.endswith("/incr"):
+                raise MethodNotAllowed("method_not_allowed", "POST on a key is only .../incr", {"allow": ["GET", "PUT", "DELETE"]})
+            raw = self._body_object(request, required=False)
+            raw.update(op="incr", ns=ns, key=unquote(key_raw[:-len("/incr")]))
+            return await self._one(raw)
+        key = unquote(key_raw)
+        if method == b"GET":
+            return await self._one({"op": "get", "ns": ns, "key": key})
+        if method == b"PUT":
+            raw = self._body_object(request, required=True)
+            if_absent = raw.pop("ifAbsent", False)
+            raw.update(op="putIfAbsent" if if_absent is True else "put", ns=ns, key=key)
+            return await self._one(raw)
+        if method == b"DELETE":
+            raw = {"op": "delete", "ns": ns, "key": key}
+            if "expect" in params:
+                raw["expect"] = _int_param(params, "expect")
+            return await self._one(raw)
+        raise MethodNotAllowed("method_not_allowed", f"{method.decode()} is not allowed here", {"allow": ["GET", "PUT", "DELETE"]})
+
+    def _body_object(self, request: Request, required: bool) -> dict:
+        if not request.body and not required:
+            return {}
+        document = decode_body(request.body, request.content_type)
+        if type(document) is not dict:
+            raise BadRequest("invalid_body", "the body must be an object")
+        return document
+
+    async def _one(self, raw: dict):
+        op = parse_kv_op(raw, None, self.limits)
+        return (await self.router.run_kv([op], op.op not in READ_OPS))[0]
+
+
+def _allow(method: bytes, allowed: bytes) -> None:
+    if method != allowed:
+        raise MethodNotAllowed("method_not_allowed", f"{method.decode()} is not allowed here; use {allowed.decode()}",
+                               {"allow": [allowed.decode()]})
+
+
+def _query(query: str) -> dict[str, str]:
+    return {name: values[-1] for name, values in parse_qs(query, keep_blank_values=True).items()}
+
+
+def _int_param(params: dict, name: str) -> int:
+    try:
+        return int(params[name])
+    except ValueError:
+        raise BadRequest(f"invalid_{name}", f"{name} must be an integer") from None

@@ -1,0 +1,158 @@
+"""The server's wiring: recovery, shard actors, the WAL writer, the ticker and the HTTP listeners,
+each in its nursery, and the order in which they stop.
+
+Shutdown: stop accepting, let requests in flight finish (up to the grace period) while the writer
+still commits, close the connections, flush and fsync what is buffered, then stop the actors.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import time
+from functools import partial
+
+import trio
+
+from queen.clock import Clock
+from queen.config import Config
+from queen.core.kv import KvState, Limits, VersionCounter
+from queen.http.connection import HttpServer
+from queen.http.routes import Api
+from queen.runtime.router import Router, send_ticks, shard_of
+from queen.runtime.shard_actor import ShardActor
+from queen.wal.disk import Disk
+from queen.wal.recovery import recover
+from queen.wal.writer import WalWriter
+
+logger = logging.getLogger(__name__)
+
+TICK_MS = 50
+
+
+class DataDirBusy(Exception):
+    pass
+
+
+class Server:
+    def __init__(self, config: Config, *, disk: Disk | None = None, wall_at_start_ms: int | None = None):
+        self.config = config
+        self.disk = disk or Disk()
+        self.wall_at_start_ms = wall_at_start_ms
+        self.port: int | None = None
+        self.router: Router | None = None
+        self.writer: WalWriter | None = None
+        self.http: HttpServer | None = None
+        self._stop = trio.Event()
+        self._lock_fd: int | None = None
+
+    def request_shutdown(self) -> None:
+        self._stop.set()
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        config = self.config
+        os.makedirs(config.data_dir, exist_ok=True)
+        self._lock_data_dir()
+        try:
+            await self._run(task_status)
+        finally:
+            os.close(self._lock_fd)
+
+    def _lock_data_dir(self) -> None:
+        path = os.path.join(self.config.data_dir, "LOCK")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            os.close(fd)
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise DataDirBusy(f"another queen serve is using {os.path.abspath(self.config.data_dir)}") from None
+            raise
+        self._lock_fd = fd
+
+    async def _run(self, task_status) -> None:
+        config = self.config
+        clock = Clock(self.wall_at_start_ms)
+        versions = VersionCounter()
+        now_ms = clock.now_ms()
+        states = [KvState(versions, now_ms) for _ in range(config.shard_count)]
+        count = config.shard_count
+
+        def apply_effect(effect):
+            states[shard_of(effect[1], effect[2], count)].replay(effect)
+
+        started = time.perf_counter()
+        recovered = await trio.to_thread.run_sync(recover, config.data_dir, apply_effect, self.disk)
+        versions.last = recovered.last_version
+        logger.info("event=recovered snapshot_version=%d snapshot_rows=%d segments=%d frames=%d records=%d "
+                    "truncated_bytes=%d last_version=%d rows=%d seconds=%.3f",
+                    recovered.snapshot_version, recovered.snapshot_rows, recovered.segments, recovered.frames,
+                    recovered.records, recovered.truncated_bytes, recovered.last_version,
+                    sum(s.row_count() for s in states), time.perf_counter() - started)
+
+        writer = self.writer = WalWriter(
+            config.data_dir, disk=self.disk, next_segment=recovered.next_segment,
+            durable_version=recovered.last_version, segment_bytes_max=config.segment_bytes_max,
+            snapshot_wal_bytes=config.snapshot_wal_bytes,
+            capture_state=lambda: [state.rows_for_snapshot() for state in states])
+        actors = [ShardActor(i, state, writer, clock) for i, state in enumerate(states)]
+        router = self.router = Router(actors, writer)
+        limits = Limits(value_bytes_max=config.value_bytes_max, ops_per_call_max=config.ops_per_call_max)
+        http = self.http = HttpServer(Api(router, limits, metrics=self.metrics_text), config)
+
+        writer_done = trio.Event()
+
+        async def run_writer(task_status=trio.TASK_STATUS_IGNORED):
+            try:
+                await writer.run(task_status=task_status)
+            finally:
+                writer_done.set()
+
+        async with trio.open_nursery() as core:
+            await core.start(run_writer)
+            for actor in actors:
+                core.start_soon(actor.run)
+            core.start_soon(send_ticks, actors, TICK_MS)
+            listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+            self.port = listeners[0].socket.getsockname()[1]
+            async with trio.open_nursery() as connections:
+                async with trio.open_nursery() as accept:
+                    accept.start_soon(partial(trio.serve_listeners, http.serve_connection, listeners,
+                                              handler_nursery=connections))
+                    logger.info("event=listening host=%s port=%d data_dir=%s shards=%d",
+                                config.host, self.port, os.path.abspath(config.data_dir), count)
+                    task_status.started(self)
+                    await self._stop.wait()
+                    logger.info("event=shutdown_started connections=%d requests_in_flight=%d",
+                                http.connections, http.requests_in_flight)
+                    router.draining = http.draining = True
+                    accept.cancel_scope.cancel()
+                with trio.move_on_after(config.shutdown_grace_s):
+                    await http.wait_no_requests()
+                connections.cancel_scope.cancel()
+            writer.close()
+            await writer_done.wait()
+            core.cancel_scope.cancel()
+        logger.info("event=shutdown_complete durable_version=%d", writer.durable_version)
+
+    def metrics_text(self) -> str:
+        writer, http, router = self.writer, self.http, self.router
+        rows = sum(actor.state.row_count() for actor in router.actors)
+        lines = [
+            ("queen_requests_total", "counter", "HTTP requests answered", http.requests_total),
+            ("queen_connections", "gauge", "open HTTP connections", http.connections),
+            ("queen_wal_batches_total", "counter", "WAL frames written (one fsync each)", writer.batches),
+            ("queen_wal_records_total", "counter", "effect records written to the WAL", writer.records_written),
+            ("queen_wal_bytes_total", "counter", "bytes written to WAL segments", writer.bytes_written),
+            ("queen_wal_fsync_seconds_total", "counter", "time spent in write+fsync of WAL frames", round(writer.fsync_seconds_total, 6)),
+            ("queen_wal_failed", "gauge", "1 when a write or fsync failed and writes are refused", int(writer.failed is not None)),
+            ("queen_snapshots_total", "counter", "snapshots written", writer.snapshots_written),
+            ("queen_version", "gauge", "the last durable version", writer.durable_version),
+            ("queen_rows", "gauge", "rows held in memory (expired rows not yet freed included)", rows),
+        ]
+        out = []
+        for name, kind, help_text, value in lines:
+            out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{name} {value}\n")
+        return "".join(out)
