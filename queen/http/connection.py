@@ -11,6 +11,7 @@ and never takes the server down.
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 
 import h11
 import trio
@@ -22,6 +23,12 @@ from queen.http.codec import encode_body
 logger = logging.getLogger(__name__)
 
 RECEIVE_BYTES = 65536
+# After an error answer, how long and how much of the rest of a request is read and dropped.
+LINGER_S = 2.0
+LINGER_BYTES_MAX = 16 << 20
+
+
+_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 
 
 class Request:
@@ -193,7 +200,7 @@ class HttpServer:
             headers.extend(response.headers)
         if not keep_alive:
             headers.append((b"connection", b"close"))
-        data = conn.send(h11.Response(status_code=response.status, headers=headers))
+        data = conn.send(h11.Response(status_code=response.status, headers=headers, reason=_REASONS.get(response.status, b"")))
         if response.body:
             data += conn.send(h11.Data(data=response.body))
         data += conn.send(h11.EndOfMessage())
@@ -206,4 +213,17 @@ class HttpServer:
             try:
                 await self._send(conn, stream, response, keep_alive=False)
             except h11.LocalProtocolError:
-                pass  # h11 refuses to answer in this state; closing says enough
+                return  # h11 refuses to answer in this state; closing says enough
+            await _linger(stream)
+
+
+async def _linger(stream) -> None:
+    """Read and drop what the client is still sending (for a while, up to a bound) before closing.
+    Closing a socket with unread input sends a reset, and the client would lose our answer."""
+    dropped = 0
+    with trio.move_on_after(LINGER_S):
+        while dropped < LINGER_BYTES_MAX:
+            data = await stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                return
+            dropped += len(data)

@@ -1,0 +1,146 @@
+"""Test helpers shipped with the package (like trio.testing): a real `queen serve` subprocess, and a
+Disk whose writes or fsyncs fail on demand.
+
+Nothing here is imported by the server itself.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from queen.wal.disk import Disk
+
+_LISTENING = re.compile(r"event=listening host=\S+ port=(\d+)")
+
+
+class FaultyDisk(Disk):
+    """A Disk that raises OSError(errno) on chosen operations, to test what the writer acknowledges.
+
+    Set `fail_fsync_after` / `fail_write_after` to the number of calls that still succeed."""
+
+    def __init__(self, fail_fsync_after: int | None = None, fail_write_after: int | None = None, errno_code: int = 5):
+        self.fail_fsync_after = fail_fsync_after
+        self.fail_write_after = fail_write_after
+        self.errno_code = errno_code
+        self.fsyncs = 0
+        self.writes = 0
+
+    def write(self, fd, data):
+        self.writes += 1
+        if self.fail_write_after is not None and self.writes > self.fail_write_after:
+            raise OSError(self.errno_code, os.strerror(self.errno_code))
+        super().write(fd, data)
+
+    def fsync(self, fd):
+        self.fsyncs += 1
+        if self.fail_fsync_after is not None and self.fsyncs > self.fail_fsync_after:
+            raise OSError(self.errno_code, os.strerror(self.errno_code))
+        super().fsync(fd)
+
+
+class ServerProcess:
+    """A real `queen serve` on 127.0.0.1 and a free port, started and stopped by the test.
+
+    Stopped only by its own pid. `kill()` is SIGKILL (a crash); `stop()` is SIGTERM (a clean exit).
+    """
+
+    def __init__(self, data_dir: str, *extra_args: str, env: dict | None = None):
+        self.data_dir = data_dir
+        self.extra_args = list(extra_args)
+        self.env = env
+        self.process: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.stderr_path = os.path.join(os.path.dirname(os.path.abspath(data_dir)), os.path.basename(data_dir) + ".log")
+
+    def start(self, timeout_s: float = 20.0) -> ServerProcess:
+        env = dict(os.environ, **(self.env or {}))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self._log = open(self.stderr_path, "ab")
+        start_offset = self._log.tell()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "queen", "serve", "--host", "127.0.0.1", "--port", "0",
+             "--data-dir", self.data_dir, *self.extra_args],
+            stdout=subprocess.DEVNULL, stderr=self._log, env=env)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with open(self.stderr_path, "rb") as f:
+                f.seek(start_offset)
+                text = f.read().decode(errors="replace")
+            match = _LISTENING.search(text)
+            if match:
+                self.port = int(match.group(1))
+                return self
+            if self.process.poll() is not None:
+                raise RuntimeError(f"queen serve exited with {self.process.returncode}:\n{text}")
+            time.sleep(0.02)  # waiting on a real process to come up, not on time to pass
+        self.kill()
+        raise RuntimeError(f"queen serve did not start within {timeout_s} s")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_text(self) -> str:
+        with open(self.stderr_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+        self._close_log()
+
+    def stop(self, timeout_s: float = 20.0) -> int:
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._close_log()
+        return self.process.returncode
+
+    def _close_log(self) -> None:
+        log = getattr(self, "_log", None)
+        if log is not None:
+            log.close()
+            self._log = None
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- a tiny blocking client, enough for tests --------------------------------------------------
+
+    def request(self, method: str, path: str, body=None, headers: dict | None = None, timeout_s: float = 10.0):
+        """(status, decoded JSON or raw bytes) of one request on a fresh connection."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
+        try:
+            data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+            connection.request(method, path, body=data, headers={"content-type": "application/json", **(headers or {})})
+            response = connection.getresponse()
+            raw = response.read()
+            try:
+                return response.status, json.loads(raw)
+            except ValueError:
+                return response.status, raw
+        finally:
+            connection.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
