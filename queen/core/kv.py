@@ -235,7 +235,7 @@ def decode_cursor(raw, index=None) -> str | None:
     if type(raw) is not str:
         _fail("invalid_cursor", "cursor must be the string a previous page returned", index)
     try:
-        return base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode()
+        return base64.b64decode(raw + "=" * (-len(raw) % 4), altchars=b"-_", validate=True).decode()
     except (binascii.Error, ValueError):
         _fail("invalid_cursor", "cursor must be the string a previous page returned", index)
 
