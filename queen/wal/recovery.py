@@ -91,22 +91,27 @@ def recover(data_dir: str, apply_effect, disk: Disk | None = None) -> Recovered:
         if seq != expected:
             raise CorruptLog(f"segment {segment_name(expected)} is missing (found {segments[seq]} after it)")
         expected += 1
+    result.next_segment = (order[-1] + 1) if order else first_segment
     for position, seq in enumerate(order):
         path = os.path.join(data_dir, segments[seq])
         last_segment = position == len(order) - 1
-        _replay_segment(path, last_segment, order[position + 1:], data_dir, segments, apply_effect, result, disk)
+        if _replay_segment(path, last_segment, order[position + 1:], data_dir, segments, apply_effect, result, disk):
+            # The torn last segment is gone: the writer must reuse its number, or the next
+            # recovery would find a gap where it was and refuse to start.
+            result.next_segment = seq
+            continue
         result.segments += 1
-    result.next_segment = (order[-1] + 1) if order else first_segment
     return result
 
 
-def _replay_segment(path, last_segment, later, data_dir, segments, apply_effect, result, disk):
+def _replay_segment(path, last_segment, later, data_dir, segments, apply_effect, result, disk) -> bool:
+    """Replay one segment; True if it was a torn header and has been removed."""
     with open(path, "rb") as f:
         data = f.read()
     if len(data) < FILE_HEADER.size and last_segment:
         logger.warning("event=wal_header_torn file=%s bytes=%d action=removed", path, len(data))
         disk.remove(path)
-        return
+        return True
     try:
         check_file_header(data)
     except FrameError as error:
@@ -122,7 +127,7 @@ def _replay_segment(path, last_segment, later, data_dir, segments, apply_effect,
                            path, offset, len(data) - offset, str(error))
             result.truncated_bytes += len(data) - offset
             disk.truncate(path, offset)
-            return
+            return False
         for effect in records:
             version = effect_version(effect)
             if version > floor:
@@ -132,6 +137,7 @@ def _replay_segment(path, last_segment, later, data_dir, segments, apply_effect,
         result.frames += 1
         result.records += len(records)
         offset = next_offset
+    return False
 
 
 def _refuse_unless_torn_tail(path, offset, reason, data, last_segment, later, data_dir, segments):
