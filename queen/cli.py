@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_config(args: argparse.Namespace, environ=os.environ) -> Config:
     values = {}
-    for name, kind, default, _, _ in config_fields():
+    for name, kind, _, _, _ in config_fields():
         value = getattr(args, name, None)
         if value is None and _env_name(name) in environ:
             raw = environ[_env_name(name)]

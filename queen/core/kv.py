@@ -94,7 +94,7 @@ class Table:
 
 class KvOp:
     __slots__ = ("op", "ns", "key", "value", "ttl_ms", "expect", "by", "max", "min", "keys",
-                 "prefix", "cursor", "limit", "required")
+                 "prefix", "cursor", "limit", "required", "detail")
 
     def __init__(self, op, ns, key=None):
         self.op = op
@@ -111,6 +111,7 @@ class KvOp:
         self.cursor = None
         self.limit = 100
         self.required = True
+        self.detail = False  # getPrefix: also each row's create version and times (lock listings)
 
 
 READ_OPS = frozenset(("get", "getMany", "getPrefix", "check"))
@@ -297,7 +298,7 @@ class KvState:
             return None
         return row
 
-    def _observe(self, row: Row | None) -> None:
+    def observe(self, row: Row | None) -> None:
         seen = row.version if row is not None else self.last_delete_version
         if seen > self.wait_version:
             self.wait_version = seen
@@ -352,7 +353,7 @@ class KvState:
     def precheck(self, op: KvOp, now_ms: int) -> dict | None:
         """For transactions: the miss answer this op would give now, or None if it would apply."""
         row = self.live_row(op.ns, op.key, now_ms)
-        self._observe(row)
+        self.observe(row)
         name = op.op
         if name == "check":
             version = row.version if row is not None else 0
@@ -363,22 +364,20 @@ class KvState:
             return {"applied": False, "reason": "exists", "current": _current(row)} if row is not None else None
         if op.expect is not None and (row.version if row is not None else 0) != op.expect:
             return {"applied": False, "reason": "version", "current": _current(row)}
-        if name == "delete" and row is None:
-            return {"applied": False, "reason": "absent"}
         if name == "incr":
             return self._incr_miss(op, row)
         return None
 
     def _get(self, op, now_ms, effects):
         row = self.live_row(op.ns, op.key, now_ms)
-        self._observe(row)
+        self.observe(row)
         return _item(row)
 
     def _get_many(self, op, now_ms, effects):
         items = []
         for key in op.keys:
             row = self.live_row(op.ns, key, now_ms)
-            self._observe(row)
+            self.observe(row)
             item = _item(row)
             item["key"] = key
             items.append(item)
@@ -403,8 +402,13 @@ class KvState:
             if row.expires_at_ms and row.expires_at_ms <= now_ms:
                 expired.append(key)
                 continue
-            self._observe(row)
-            items.append({"key": key, "value": row.value, "version": row.version, "expiresAt": row.expires_at_ms or None})
+            self.observe(row)
+            item = {"key": key, "value": row.value, "version": row.version, "expiresAt": row.expires_at_ms or None}
+            if op.detail:
+                item["createVersion"] = row.create_version
+                item["createdAt"] = row.created_at_ms
+                item["updatedAt"] = row.updated_at_ms
+            items.append(item)
             if len(items) >= wanted:
                 break
         if self.last_delete_version > self.wait_version:
@@ -415,7 +419,7 @@ class KvState:
 
     def _check(self, op, now_ms, effects):
         row = self.live_row(op.ns, op.key, now_ms)
-        self._observe(row)
+        self.observe(row)
         version = row.version if row is not None else 0
         return {"applied": version == op.expect, "version": version}
 
@@ -423,10 +427,10 @@ class KvState:
         row = self.live_row(op.ns, op.key, now_ms)
         if op.op == "putIfAbsent":
             if row is not None:
-                self._observe(row)
+                self.observe(row)
                 return {"applied": False, "reason": "exists", "current": _current(row)}
         elif op.expect is not None and (row.version if row is not None else 0) != op.expect:
-            self._observe(row)
+            self.observe(row)
             return {"applied": False, "reason": "version", "current": _current(row)}
         new = self.write(op.ns, op.key, op.value, op.ttl_ms, row, now_ms, effects)
         return {"applied": True, "version": new.version}
@@ -434,10 +438,10 @@ class KvState:
     def _delete(self, op, now_ms, effects):
         row = self.live_row(op.ns, op.key, now_ms)
         if row is None:
-            self._observe(None)
+            self.observe(None)
             return {"applied": False, "reason": "absent"}
         if op.expect is not None and row.version != op.expect:
-            self._observe(row)
+            self.observe(row)
             return {"applied": False, "reason": "version", "current": _current(row)}
         return {"applied": True, "version": self.delete(op.ns, op.key, effects)}
 
@@ -454,11 +458,11 @@ class KvState:
     def _incr(self, op, now_ms, effects):
         row = self.live_row(op.ns, op.key, now_ms)
         if op.expect is not None and (row.version if row is not None else 0) != op.expect:
-            self._observe(row)
+            self.observe(row)
             return {"applied": False, "reason": "version", "current": _current(row)}
         miss = self._incr_miss(op, row)
         if miss is not None:
-            self._observe(row)
+            self.observe(row)
             return miss
         value = (row.value if row is not None else 0) + op.by
         new = self.write(op.ns, op.key, value, op.ttl_ms, row, now_ms, effects)

@@ -11,6 +11,7 @@ and never takes the server down.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from http import HTTPStatus
 
 import h11
@@ -32,7 +33,7 @@ _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 
 
 class Request:
-    __slots__ = ("method", "target", "content_type", "accept", "body")
+    __slots__ = ("method", "target", "content_type", "accept", "body", "wait_gone")
 
     def __init__(self, method: bytes, target: bytes, content_type: bytes, accept: bytes, body: bytes):
         self.method = method
@@ -40,6 +41,7 @@ class Request:
         self.content_type = content_type
         self.accept = accept
         self.body = body
+        self.wait_gone = None  # async () -> None, returns when the client hangs up (set per connection)
 
 
 class Response:
@@ -122,6 +124,7 @@ class HttpServer:
                 return
             if request is None:
                 return
+            request.wait_gone = partial(_wait_gone, conn, stream)
             self.requests_in_flight += 1
             self.requests_total += 1
             try:
@@ -215,6 +218,19 @@ class HttpServer:
             except h11.LocalProtocolError:
                 return  # h11 refuses to answer in this state; closing says enough
             await _linger(stream)
+
+
+async def _wait_gone(conn: h11.Connection, stream) -> None:
+    """Return when the client closes its side while its request is being handled. Bytes it sends
+    meanwhile (a pipelined request) are kept for h11; past a bound we stop watching."""
+    buffered = 0
+    while buffered < RECEIVE_BYTES:
+        data = await stream.receive_some(RECEIVE_BYTES)
+        if not data:
+            return
+        conn.receive_data(data)
+        buffered += len(data)
+    await trio.sleep_forever()
 
 
 async def _linger(stream) -> None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, unquote
 
-from queen.core.kv import READ_OPS, Limits, parse_kv_op, parse_kv_ops
+from queen.core.kv import READ_OPS, Limits, decode_cursor, parse_kv_op, parse_kv_ops
+from queen.core.locks import NAME_BYTES_MAX, parse_lock_ops
+from queen.core.txn import LATER_SECTIONS, SECTIONS, check_transaction_ops
 from queen.errors import BadRequest, QueenError
 from queen.http.codec import decode_body, encode_body
 from queen.http.connection import Request, Response
@@ -40,6 +42,14 @@ class Api:
             return self._reply(request, await self._kv_batch(request))
         if path.startswith(KV_PREFIX):
             return self._reply(request, await self._kv_one_key(request, method, path[len(KV_PREFIX):], query))
+        if path == "/api/v1/locks":
+            if method == b"GET":
+                return self._reply(request, await self._list_locks(query))
+            _allow(method, b"POST", b"GET")
+            return self._reply(request, await self._locks(request))
+        if path == "/api/v1/transaction":
+            _allow(method, b"POST")
+            return self._reply(request, await self._transaction(request))
         if path == "/healthz":
             _allow(method, b"GET")
             return self._health(request)
@@ -105,6 +115,40 @@ class Api:
             return await self._one(raw)
         raise MethodNotAllowed("method_not_allowed", f"{method.decode()} is not allowed here", {"allow": ["GET", "PUT", "DELETE"]})
 
+    # -- locks and transactions --------------------------------------------------------------------
+
+    async def _locks(self, request: Request):
+        document = decode_body(request.body, request.content_type)
+        if type(document) is not dict:
+            raise BadRequest("invalid_body", 'the body must be an object: {"operations": [...]}')
+        ops = parse_lock_ops(document.get("operations"))
+        return {"results": await self.router.run_locks(ops, wait_gone=request.wait_gone)}
+
+    async def _list_locks(self, query: str):
+        params = _query(query)
+        prefix = params.get("prefix", "")
+        if len(prefix.encode()) > NAME_BYTES_MAX:
+            raise BadRequest("invalid_prefix", f"prefix must be at most {NAME_BYTES_MAX} bytes")
+        limit = _int_param(params, "limit") if "limit" in params else 100
+        if not 1 <= limit <= self.limits.page_items_max:
+            raise BadRequest("invalid_limit", f"limit must be from 1 to {self.limits.page_items_max}")
+        return await self.router.list_permits(prefix, decode_cursor(params.get("cursor")), limit)
+
+    async def _transaction(self, request: Request):
+        document = decode_body(request.body, request.content_type)
+        if type(document) is not dict:
+            raise BadRequest("invalid_body", 'the body must be an object: {"kv": [...]}')
+        for section in document:
+            if section in LATER_SECTIONS:
+                raise BadRequest("unsupported_section", f"the {section} section is not available on this server yet",
+                                 {"section": section})
+            if section not in SECTIONS:
+                raise BadRequest("unknown_section", f"unknown section {section!r}; a transaction has: {', '.join(SECTIONS)}",
+                                 {"section": section})
+        ops = parse_kv_ops(document.get("kv"), self.limits)
+        check_transaction_ops(ops)
+        return await self.router.run_transaction(ops)
+
     def _body_object(self, request: Request, required: bool) -> dict:
         if not request.body and not required:
             return {}
@@ -118,10 +162,11 @@ class Api:
         return (await self.router.run_kv([op], op.op not in READ_OPS))[0]
 
 
-def _allow(method: bytes, allowed: bytes) -> None:
-    if method != allowed:
-        raise MethodNotAllowed("method_not_allowed", f"{method.decode()} is not allowed here; use {allowed.decode()}",
-                               {"allow": [allowed.decode()]})
+def _allow(method: bytes, *allowed: bytes) -> None:
+    if method not in allowed:
+        names = [a.decode() for a in allowed]
+        raise MethodNotAllowed("method_not_allowed", f"{method.decode()} is not allowed here; use {' or '.join(names)}",
+                               {"allow": names})
 
 
 def _query(query: str) -> dict[str, str]:

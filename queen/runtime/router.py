@@ -12,8 +12,10 @@ import zlib
 import trio
 
 from queen.core.kv import LOCKS_NS, KvOp, encode_cursor
+from queen.core.locks import LockOp
+from queen.core.txn import apply_transaction
 from queen.errors import Unavailable
-from queen.runtime.shard_actor import OPS, RUN, TICK, Call, ShardActor
+from queen.runtime.shard_actor import ABANDON, OPS, TICK, WAIT, Call, ShardActor
 
 
 def shard_of(ns: str, key: str, shard_count: int) -> int:
@@ -23,14 +25,12 @@ def shard_of(ns: str, key: str, shard_count: int) -> int:
 
 
 class Router:
-    def __init__(self, actors: list[ShardActor], writer):
+    def __init__(self, actors: list[ShardActor], writer, clock):
         self.actors = actors
         self.shard_count = len(actors)
         self.writer = writer
+        self.clock = clock
         self.draining = False
-
-    def states(self):
-        return [actor.state for actor in self.actors]
 
     def refuse_writes_if_unavailable(self) -> None:
         if self.writer.failed is not None:
@@ -76,7 +76,7 @@ class Router:
             if op.op == "getPrefix":
                 results[position] = _merge_prefix_pages(pieces, op.limit)
             else:
-                for key, item in zip(op.keys, pieces):
+                for key, item in zip(op.keys, pieces, strict=True):
                     item["key"] = key
                 results[position] = {"items": pieces}
         out = results[: len(ops)]
@@ -86,21 +86,75 @@ class Router:
             result["op"] = op.op
         return out
 
-    async def run_on_shard(self, shard: int, fn, has_writes: bool):
-        """Run fn(state, now_ms, effects) inside one shard actor and wait for durability of what it
-        wrote or read. Returns what fn stored in call.results[0]."""
-        if has_writes:
+    async def run_locks(self, ops: list[LockOp], wait_gone=None) -> list[dict]:
+        """Lock operations, grouped by the shard of each name. Acquires with waitMs go one per
+        message, since each may park; if `wait_gone` returns (the client hung up), the parked
+        ones are answered "cancelled" instead of being handed a permit nobody would use."""
+        if any(op.op != "get" for op in ops):
             self.refuse_writes_if_unavailable()
-        call = Call(1, 1)
+        count = self.shard_count
+        parts: dict[int, list] = {}
+        waits = []
+        for position, op in enumerate(ops):
+            shard = shard_of(LOCKS_NS, op.name, count)
+            if op.op == "acquire" and op.wait_ms:
+                waits.append((shard, position, op))
+            else:
+                parts.setdefault(shard, []).append((position, op))
+        call = Call(len(ops), len(parts) + len(waits))
+        for shard, work in parts.items():
+            await self.actors[shard].send_channel.send((OPS, call, work))
+        for shard, position, op in waits:
+            await self.actors[shard].send_channel.send((WAIT, call, (position, op)))
+        if waits and wait_gone is not None:
+            async with trio.open_nursery() as nursery:
+                async def abandon_when_gone():
+                    await wait_gone()
+                    for shard in {shard for shard, _, _ in waits}:
+                        await self.actors[shard].send_channel.send((ABANDON, call, None))
 
-        def work(state, now_ms, effects):
-            call.results[0] = fn(state, now_ms, effects)
-
-        await self.actors[shard].send_channel.send((RUN, call, work))
-        await call.done.wait()
+                nursery.start_soon(abandon_when_gone)
+                await call.done.wait()
+                nursery.cancel_scope.cancel()
+        else:
+            await call.done.wait()
         if call.error is not None:
             raise call.error
-        return call.results[0]
+        results = call.results
+        for position, op in enumerate(ops):
+            result = results[position]
+            result["index"] = position
+            result["op"] = op.op
+        return results
+
+    async def run_transaction(self, ops: list[KvOp]) -> dict:
+        """All or nothing, as one WAL submit (one frame). Applied in one synchronous step across
+        the shards it touches: on one thread that is atomic by construction, where a two-phase
+        exchange between actors could deadlock against another transaction."""
+        if any(op.op != "get" and op.op != "check" for op in ops):
+            self.refuse_writes_if_unavailable()
+        count = self.shard_count
+        states = [self.actors[shard_of(op.ns, op.key, count)].state.kv for op in ops]
+        effects: list = []
+        answer, wait_version = apply_transaction(ops, states, self.clock.now_ms(), effects)
+        if effects:
+            self.writer.submit(effects)
+        await self.wait_durable(wait_version)
+        return answer
+
+    async def list_permits(self, prefix: str, cursor: str | None, limit: int) -> dict:
+        """The admin's page of held permits across every shard, in name order."""
+        op = KvOp("getPrefix", LOCKS_NS)
+        op.prefix, op.cursor, op.limit = prefix, cursor, limit
+        op.detail = True
+        page = (await self.run_kv([op], has_writes=False))[0]
+        items = []
+        for item in page["items"]:
+            name, _, slot = item["key"].rpartition("#")
+            items.append({"name": name, "slot": int(slot), "owner": item["value"], "token": item["version"],
+                          "fence": item["createVersion"], "since": item["createdAt"],
+                          "renewedAt": item["updatedAt"], "expiresAt": item["expiresAt"]})
+        return {"items": items, "cursor": page["cursor"]}
 
     async def wait_durable(self, version: int) -> None:
         waiter = Call(0, 0)

@@ -18,7 +18,8 @@ import trio
 
 from queen.clock import Clock
 from queen.config import Config
-from queen.core.kv import KvState, Limits, VersionCounter
+from queen.core.kv import Limits, VersionCounter
+from queen.core.shard import ShardState
 from queen.http.connection import HttpServer
 from queen.http.routes import Api
 from queen.runtime.router import Router, send_ticks, shard_of
@@ -77,11 +78,11 @@ class Server:
         clock = Clock(self.wall_at_start_ms)
         versions = VersionCounter()
         now_ms = clock.now_ms()
-        states = [KvState(versions, now_ms) for _ in range(config.shard_count)]
+        states = [ShardState(versions, now_ms) for _ in range(config.shard_count)]
         count = config.shard_count
 
         def apply_effect(effect):
-            states[shard_of(effect[1], effect[2], count)].replay(effect)
+            states[shard_of(effect[1], effect[2], count)].kv.replay(effect)
 
         started = time.perf_counter()
         recovered = await trio.to_thread.run_sync(recover, config.data_dir, apply_effect, self.disk)
@@ -90,15 +91,15 @@ class Server:
                     "truncated_bytes=%d last_version=%d rows=%d seconds=%.3f",
                     recovered.snapshot_version, recovered.snapshot_rows, recovered.segments, recovered.frames,
                     recovered.records, recovered.truncated_bytes, recovered.last_version,
-                    sum(s.row_count() for s in states), time.perf_counter() - started)
+                    sum(s.kv.row_count() for s in states), time.perf_counter() - started)
 
         writer = self.writer = WalWriter(
             config.data_dir, disk=self.disk, next_segment=recovered.next_segment,
             durable_version=recovered.last_version, segment_bytes_max=config.segment_bytes_max,
             snapshot_wal_bytes=config.snapshot_wal_bytes,
-            capture_state=lambda: [state.rows_for_snapshot() for state in states])
+            capture_state=lambda: [state.kv.rows_for_snapshot() for state in states])
         actors = [ShardActor(i, state, writer, clock) for i, state in enumerate(states)]
-        router = self.router = Router(actors, writer)
+        router = self.router = Router(actors, writer, clock)
         limits = Limits(value_bytes_max=config.value_bytes_max, ops_per_call_max=config.ops_per_call_max)
         http = self.http = HttpServer(Api(router, limits, metrics=self.metrics_text), config)
 
@@ -139,7 +140,7 @@ class Server:
 
     def metrics_text(self) -> str:
         writer, http, router = self.writer, self.http, self.router
-        rows = sum(actor.state.row_count() for actor in router.actors)
+        rows = sum(actor.state.kv.row_count() for actor in router.actors)
         lines = [
             ("queen_requests_total", "counter", "HTTP requests answered", http.requests_total),
             ("queen_connections", "gauge", "open HTTP connections", http.connections),

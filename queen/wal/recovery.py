@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from queen.core.kv import EFFECT_PUT
 from queen.errors import CorruptLog
 from queen.wal.disk import Disk
-from queen.wal.frame import FILE_HEADER, FrameError, check_file_header, decode_frame, find_next_valid_frame
+from queen.wal.frame import (
+    FILE_HEADER,
+    FrameError,
+    check_file_header,
+    decode_frame,
+    find_next_valid_frame,
+)
 from queen.wal.snapshot import SnapshotError, decode_snapshot
 
 logger = logging.getLogger(__name__)
