@@ -144,3 +144,90 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# -- in-process servers for trio tests (MockClock-friendly) ---------------------------------------
+
+
+async def run_inline(fn, *args):
+    """Run blocking disk work on the event loop. Only for tests: under MockClock's autojump a worker
+    thread looks like idleness, and virtual time would leap during every fsync."""
+    return fn(*args)
+
+
+class open_server:
+    """`async with open_server(data_dir, **config) as server:` a whole Queen on 127.0.0.1:<free>,
+    in this trio run, disk work inline. `server.port` is bound; leaving the block shuts it down."""
+
+    def __init__(self, data_dir: str, *, disk: Disk | None = None, wall_at_start_ms: int | None = None, **config):
+        from queen.config import Config
+        from queen.runtime.server import Server
+
+        self.server = Server(Config(host="127.0.0.1", port=0, data_dir=str(data_dir), **config),
+                             disk=disk, wall_at_start_ms=wall_at_start_ms, run_blocking=run_inline)
+
+    async def __aenter__(self):
+        import trio
+
+        self._nursery_manager = trio.open_nursery()
+        nursery = await self._nursery_manager.__aenter__()
+        await nursery.start(self.server.run)
+        return self.server
+
+    async def __aexit__(self, *exc):
+        self.server.request_shutdown()
+        return await self._nursery_manager.__aexit__(*exc)
+
+
+class HttpClient:
+    """A keep-alive HTTP/1.1 client on trio + h11, for in-process tests."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self._stream = None
+        self._conn = None
+
+    async def request(self, method: str, path: str, body=None, headers: dict | None = None):
+        """(status, decoded JSON body, or raw bytes when it is not JSON)."""
+        import h11
+        import trio
+
+        if self._stream is None:
+            self._stream = await trio.open_tcp_stream("127.0.0.1", self.port)
+            self._conn = h11.Connection(h11.CLIENT)
+        conn = self._conn
+        data = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+        head = [("host", "queen"), ("content-length", str(len(data))), ("content-type", "application/json"),
+                *(headers or {}).items()]
+        await self._stream.send_all(conn.send(h11.Request(method=method, target=path, headers=head))
+                                    + conn.send(h11.Data(data=data)) + conn.send(h11.EndOfMessage()))
+        status, parts = None, []
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await self._stream.receive_some(65536))
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                parts.append(event.data)
+            elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                break
+        if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
+            await self.aclose()
+        else:
+            conn.start_next_cycle()
+        raw = b"".join(parts)
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, raw
+
+    async def locks(self, *operations):
+        status, body = await self.request("POST", "/api/v1/locks", {"operations": list(operations)})
+        assert status == 200, body
+        return body["results"]
+
+    async def aclose(self):
+        if self._stream is not None:
+            await self._stream.aclose()
+        self._stream = self._conn = None

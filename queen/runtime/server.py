@@ -38,9 +38,11 @@ class DataDirBusy(Exception):
 
 
 class Server:
-    def __init__(self, config: Config, *, disk: Disk | None = None, wall_at_start_ms: int | None = None):
+    def __init__(self, config: Config, *, disk: Disk | None = None, wall_at_start_ms: int | None = None,
+                 run_blocking=None):
         self.config = config
         self.disk = disk or Disk()
+        self.run_blocking = run_blocking  # see WalWriter: tests under MockClock run disk work inline
         self.wall_at_start_ms = wall_at_start_ms
         self.port: int | None = None
         self.router: Router | None = None
@@ -97,7 +99,8 @@ class Server:
             config.data_dir, disk=self.disk, next_segment=recovered.next_segment,
             durable_version=recovered.last_version, segment_bytes_max=config.segment_bytes_max,
             snapshot_wal_bytes=config.snapshot_wal_bytes,
-            capture_state=lambda: [state.kv.rows_for_snapshot() for state in states])
+            capture_state=lambda: [state.kv.rows_for_snapshot() for state in states],
+            run_blocking=self.run_blocking)
         actors = [ShardActor(i, state, writer, clock) for i, state in enumerate(states)]
         router = self.router = Router(actors, writer, clock)
         limits = Limits(value_bytes_max=config.value_bytes_max, ops_per_call_max=config.ops_per_call_max)

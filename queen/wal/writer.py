@@ -32,9 +32,12 @@ logger = logging.getLogger(__name__)
 
 class WalWriter:
     def __init__(self, data_dir: str, *, disk: Disk, next_segment: int, durable_version: int,
-                 segment_bytes_max: int, snapshot_wal_bytes: int, capture_state=None):
+                 segment_bytes_max: int, snapshot_wal_bytes: int, capture_state=None, run_blocking=None):
         self.data_dir = data_dir
         self.disk = disk
+        # How blocking disk work runs: a worker thread in production. Tests under MockClock pass an
+        # inline runner, since autojump would otherwise advance virtual time during every fsync.
+        self._run_blocking = run_blocking or trio.to_thread.run_sync
         self.durable_version = durable_version
         self.failed: OSError | None = None
         self.segment_bytes_max = segment_bytes_max
@@ -90,7 +93,7 @@ class WalWriter:
     # -- the writer task ---------------------------------------------------------------------------
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await trio.to_thread.run_sync(self._open_segment)
+        await self._run_blocking(self._open_segment)
         async with trio.open_nursery() as nursery:
             task_status.started()
             while True:
@@ -110,7 +113,7 @@ class WalWriter:
                     captured = self._capture_state()  # state exactly at `last`: no await since
                     self._bytes_since_snapshot = 0
                 try:
-                    await trio.to_thread.run_sync(self._commit, records, first, captured is not None)
+                    await self._run_blocking(self._commit, records, first, captured is not None)
                 except OSError as error:
                     self._fail(error)
                     return
@@ -120,7 +123,7 @@ class WalWriter:
                 if captured is not None:
                     self._snapshot_running = True
                     nursery.start_soon(self._write_snapshot, last, self._segment_seq, captured)
-        await trio.to_thread.run_sync(self._close_segment)
+        await self._run_blocking(self._close_segment)
 
     def close(self) -> None:
         """Flush what is buffered, then let run() return."""
@@ -172,7 +175,7 @@ class WalWriter:
 
     async def _write_snapshot(self, version: int, first_segment: int, captured) -> None:
         try:
-            removed = await trio.to_thread.run_sync(self._snapshot_blocking, version, first_segment, captured)
+            removed = await self._run_blocking(self._snapshot_blocking, version, first_segment, captured)
         except OSError as error:
             # A failed snapshot loses nothing (the segments it would replace are kept); say so and
             # try again after the next threshold.
