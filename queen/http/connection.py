@@ -106,8 +106,9 @@ class HttpServer:
         # h11 needs a request before it writes a response; the refusal goes out on the raw stream.
         head = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
                 b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(response.body))
-        with trio.move_on_after(1):
+        with trio.move_on_after(LINGER_S):
             await stream.send_all(head + response.body)
+        await _linger(stream)
 
     async def _serve(self, stream) -> None:
         config = self.config
@@ -177,6 +178,11 @@ class HttpServer:
             kind = type(event)
             if kind is h11.Request:
                 head = event
+                # h11 bounds only a head still incomplete in its buffer; one that arrived whole in
+                # a single read is measured here.
+                head_bytes = len(event.method) + len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers)
+                if head_bytes > config.header_bytes_max:
+                    raise _Reject(431, "head_too_large", f"the request head is over the limit of {config.header_bytes_max} bytes")
                 for name, value in event.headers:
                     if name == b"content-length" and int(value) > config.body_bytes_max:
                         raise _Reject(413, "body_too_large", f"the body is {int(value)} bytes; the limit is {config.body_bytes_max}")
@@ -217,7 +223,8 @@ class HttpServer:
                 await self._send(conn, stream, response, keep_alive=False)
             except h11.LocalProtocolError:
                 return  # h11 refuses to answer in this state; closing says enough
-            await _linger(stream)
+            if status != 408:  # a stalled client is not sending anything worth waiting for
+                await _linger(stream)
 
 
 async def _wait_gone(conn: h11.Connection, stream) -> None:
@@ -238,6 +245,7 @@ async def _linger(stream) -> None:
     Closing a socket with unread input sends a reset, and the client would lose our answer."""
     dropped = 0
     with trio.move_on_after(LINGER_S):
+        await stream.send_eof()  # the answer is whole: the client sees the end now, not after the linger
         while dropped < LINGER_BYTES_MAX:
             data = await stream.receive_some(RECEIVE_BYTES)
             if not data:
