@@ -66,6 +66,8 @@ class WalWriter:
     # -- called by shard actors, synchronously -------------------------------------------------
 
     def submit(self, records: list) -> None:
+        if self.failed is not None:
+            return  # nothing will be written again; every waiter is answered 503 by when_durable
         if not self._records:
             self._first_version = effect_version(records[0])
         self._records.extend(records)
