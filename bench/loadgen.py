@@ -1,0 +1,514 @@
+"""The load generator: closed-loop HTTP/1.1 keep-alive clients over raw sockets, in one or more
+processes pinned to the generator's CPU.
+
+Owns: opening the connections, sending each connection's pre-encoded requests one at a time (one
+request outstanding per connection, the next sent the moment the answer is whole), the minimal
+parsing of answers (head up to CRLFCRLF, status, content-length, body), checking every answer,
+and timing each request into a histogram. A run has three phases on one monotonic clock shared by
+all processes: warm-up (sent, not counted), the measured window (answers completed inside it are
+counted and timed), and a drain (no new requests; outstanding answers are read and checked).
+
+Engines, one per way of doing concurrent sockets in Python, so the cheapest can be measured
+rather than guessed (README.md has the figures): "selectors" (one epoll loop, non-blocking
+sockets; the default), "threads" (a blocking socket per thread), "asyncio" (loop.sock_* on plain
+sockets, no transports).
+
+Never: pipelines requests, reuses a connection after a malformed answer, or hides an error:
+every non-200, short body or closed connection is counted by kind, with samples kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import selectors
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from bench.histogram import Histogram
+from bench.workloads import Workload, connection_ring
+
+RECV_BYTES = 1 << 18
+DRAIN_S = 10.0
+ERROR_SAMPLES_MAX = 5
+ENGINES = ("selectors", "threads", "asyncio")
+
+
+class ResponseError(Exception):
+    """The bytes on the wire are not an answer this client can read; the connection is dropped."""
+
+
+def take_response(buf: bytearray) -> tuple[int, int, bool, memoryview] | None:
+    """If buf starts with a whole response: (bytes it spans, status, connection-close, body).
+    None while it is incomplete."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        if len(buf) > 65536:
+            raise ResponseError("response head over 64 KiB")
+        return None
+    head = bytes(buf[:end]).lower()
+    if not head.startswith(b"http/1.1 "):
+        raise ResponseError(f"not an HTTP/1.1 status line: {head[:40]!r}")
+    status = int(head[9:12])
+    start = head.find(b"\r\ncontent-length:")
+    if start < 0:
+        raise ResponseError("response without content-length")
+    stop = head.find(b"\r\n", start + 2)
+    length = int(head[start + 17: stop if stop >= 0 else len(head)])
+    total = end + 4 + length
+    if len(buf) < total:
+        return None
+    close = b"\r\nconnection: close" in head
+    return total, status, close, memoryview(buf)[end + 4: total]
+
+
+@dataclass
+class Plan:
+    """What one generator process does; plain data so it pickles into the child."""
+    host: str
+    port: int
+    workload: Workload
+    ops: int
+    connections: list[int]  # global indices of this process's connections
+    connections_total: int
+    keys_total: int
+    engine: str = "selectors"
+    cpus: list[int] | None = None
+
+
+@dataclass
+class Tally:
+    """One process's outcome; merged across processes by `merge_tallies`."""
+    histogram: Histogram = field(default_factory=Histogram)
+    completed: int = 0  # answers completed inside the measured window
+    answered: int = 0  # every answer, warm-up and drain included
+    errors: dict = field(default_factory=dict)
+    error_samples: list = field(default_factory=list)
+    bytes_received: int = 0
+    undrained: int = 0  # requests still unanswered when the drain gave up
+
+    def error(self, kind: str, sample: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+        if len(self.error_samples) < ERROR_SAMPLES_MAX:
+            self.error_samples.append(f"{kind}: {sample}")
+
+    def check(self, status: int, body, needle: bytes | None, ops: int) -> None:
+        self.answered += 1
+        if status != 200:
+            self.error(f"http_{status}", bytes(body[:300]).decode("utf-8", "replace"))
+        elif needle is not None and bytes(body).count(needle) != ops:
+            self.error("bad_body", bytes(body[:300]).decode("utf-8", "replace"))
+
+    def to_wire(self) -> dict:
+        return {"histogram": self.histogram.to_wire(), "completed": self.completed, "answered": self.answered,
+                "errors": self.errors, "error_samples": self.error_samples,
+                "bytes_received": self.bytes_received, "undrained": self.undrained}
+
+    @classmethod
+    def from_wire(cls, wire: dict) -> Tally:
+        return cls(Histogram.from_wire(wire["histogram"]), wire["completed"], wire["answered"], wire["errors"],
+                   wire["error_samples"], wire["bytes_received"], wire["undrained"])
+
+
+def merge_tallies(tallies: list[Tally]) -> Tally:
+    merged = Tally()
+    for tally in tallies:
+        merged.histogram.merge(tally.histogram)
+        merged.completed += tally.completed
+        merged.answered += tally.answered
+        merged.bytes_received += tally.bytes_received
+        merged.undrained += tally.undrained
+        for kind, count in tally.errors.items():
+            merged.errors[kind] = merged.errors.get(kind, 0) + count
+        merged.error_samples.extend(tally.error_samples[: ERROR_SAMPLES_MAX - len(merged.error_samples)])
+    return merged
+
+
+def open_socket(host: str, port: int) -> socket.socket:
+    sock = socket.create_connection((host, port), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+# -- engine: selectors ---------------------------------------------------------------------------
+
+
+class _Conn:
+    __slots__ = ("ring", "position", "sock", "buf", "sent_at_ns", "busy")
+
+    def __init__(self, ring: list[bytes]):
+        self.ring = ring
+        self.position = 0
+        self.sock = None
+        self.buf = bytearray()
+        self.sent_at_ns = 0
+        self.busy = False
+
+    def send_next(self) -> None:
+        request = self.ring[self.position]
+        self.position = (self.position + 1) % len(self.ring)
+        self.sent_at_ns = time.perf_counter_ns()
+        self.busy = True
+        sent = self.sock.send(request)
+        if sent != len(request):  # the kernel buffer was full: finish this one blocking
+            self.sock.setblocking(True)
+            self.sock.sendall(request[sent:])
+            self.sock.setblocking(False)
+
+
+def _run_selectors(plan: Plan, rings, window, tally: Tally) -> None:
+    needle, ops = plan.workload.needle, plan.ops
+    histogram = tally.histogram
+    t_end = 0  # set from the window after the connect step; drop() reads it
+    selector = selectors.DefaultSelector()
+    conns = [_Conn(ring) for ring in rings]
+
+    def connect(conn):
+        conn.sock = open_socket(plan.host, plan.port)
+        conn.sock.setblocking(False)
+        conn.buf = bytearray()
+        conn.busy = False
+        selector.register(conn.sock, selectors.EVENT_READ, conn)
+
+    def drop(conn, kind, sample):
+        tally.error(kind, sample)
+        selector.unregister(conn.sock)
+        conn.sock.close()
+        conn.sock = None
+        conn.busy = False
+        if time.monotonic_ns() < t_end:
+            try:
+                connect(conn)
+                conn.send_next()
+            except OSError as error:
+                # The server is gone or refusing: this connection stays dead; the run goes on
+                # with the others and its report carries the errors.
+                tally.error("connect_failed", repr(error))
+                if conn.sock is not None:
+                    selector.unregister(conn.sock)
+                    conn.sock.close()
+                    conn.sock = None
+                conn.busy = False
+
+    for conn in conns:
+        connect(conn)
+    yield  # connected: the parent may now fix the window
+    t_start, t_measure, t_end = window
+    _sleep_until(t_start)
+    for conn in conns:
+        conn.send_next()
+    busy = len(conns)
+    drain_until = t_end + int(DRAIN_S * 1e9)
+    while busy:
+        now = time.monotonic_ns()
+        if now >= drain_until:
+            break
+        events = selector.select(timeout=0.5)
+        for key, _ in events:
+            conn = key.data
+            try:
+                data = conn.sock.recv(RECV_BYTES)
+            except OSError as error:
+                drop(conn, "conn_error", repr(error))
+                continue
+            done_ns = time.perf_counter_ns()
+            if not data:
+                drop(conn, "conn_closed", "the server closed the connection")
+                continue
+            tally.bytes_received += len(data)
+            buf = conn.buf
+            buf += data
+            try:
+                taken = take_response(buf)
+            except ResponseError as error:
+                drop(conn, "bad_response", str(error))
+                continue
+            if taken is None:
+                continue
+            total, status, close, body = taken
+            tally.check(status, body, needle, ops)
+            body.release()
+            del buf[:total]
+            conn.busy = False
+            now = time.monotonic_ns()
+            if t_measure <= now < t_end:
+                tally.completed += 1
+                histogram.record(done_ns - conn.sent_at_ns)
+            if close or buf:
+                drop(conn, "conn_closed" if close else "unasked_bytes", "connection: close" if close else repr(bytes(buf[:80])))
+                continue
+            if now < t_end:
+                conn.send_next()
+        busy = sum(1 for conn in conns if conn.busy)
+    tally.undrained = busy
+    for conn in conns:
+        if conn.sock is not None:
+            conn.sock.close()
+    selector.close()
+
+
+# -- engine: threads -----------------------------------------------------------------------------
+
+
+def _run_threads(plan: Plan, rings, window, tally: Tally):
+    needle, ops = plan.workload.needle, plan.ops
+    socks = [open_socket(plan.host, plan.port) for _ in rings]
+    yield
+    t_start, t_measure, t_end = window
+    tallies = [Tally() for _ in rings]
+
+    def worker(sock, ring, mine: Tally):
+        _sleep_until(t_start)
+        position = 0
+        buf = bytearray()
+        while time.monotonic_ns() < t_end:
+            request = ring[position]
+            position = (position + 1) % len(ring)
+            sent_ns = time.perf_counter_ns()
+            try:
+                sock.sendall(request)
+                while True:
+                    data = sock.recv(RECV_BYTES)
+                    if not data:
+                        raise ResponseError("the server closed the connection")
+                    mine.bytes_received += len(data)
+                    buf += data
+                    taken = take_response(buf)
+                    if taken is not None:
+                        break
+            except (OSError, ResponseError) as error:
+                mine.error("conn_error", repr(error))
+                sock.close()
+                try:
+                    sock = open_socket(plan.host, plan.port)
+                except OSError as error:
+                    mine.error("connect_failed", repr(error))
+                    return
+                buf = bytearray()
+                continue
+            done_ns = time.perf_counter_ns()
+            total, status, close, body = taken
+            mine.check(status, body, needle, ops)
+            body.release()
+            del buf[:total]
+            now = time.monotonic_ns()
+            if t_measure <= now < t_end:
+                mine.completed += 1
+                mine.histogram.record(done_ns - sent_ns)
+            if close:
+                mine.error("conn_closed", "connection: close")
+                sock.close()
+                try:
+                    sock = open_socket(plan.host, plan.port)
+                except OSError as error:
+                    mine.error("connect_failed", repr(error))
+                    return
+        sock.close()
+
+    threads = [threading.Thread(target=worker, args=(sock, ring, mine), daemon=True)
+               for sock, ring, mine in zip(socks, rings, tallies, strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=(t_end - time.monotonic_ns()) / 1e9 + DRAIN_S)
+        if thread.is_alive():
+            tally.undrained += 1
+    merged = merge_tallies(tallies)
+    tally.histogram, tally.completed, tally.answered = merged.histogram, merged.completed, merged.answered
+    tally.errors, tally.error_samples, tally.bytes_received = merged.errors, merged.error_samples, merged.bytes_received
+
+
+# -- engine: asyncio -----------------------------------------------------------------------------
+
+
+def _run_asyncio(plan: Plan, rings, window, tally: Tally):
+    needle, ops = plan.workload.needle, plan.ops
+    loop = asyncio.new_event_loop()
+    socks = [open_socket(plan.host, plan.port) for _ in rings]
+    for sock in socks:
+        sock.setblocking(False)
+    yield
+    t_start, t_measure, t_end = window
+
+    async def client(sock, ring):
+        position = 0
+        buf = bytearray()
+        histogram = tally.histogram
+        while time.monotonic_ns() < t_end:
+            request = ring[position]
+            position = (position + 1) % len(ring)
+            sent_ns = time.perf_counter_ns()
+            try:
+                await loop.sock_sendall(sock, request)
+                while True:
+                    data = await loop.sock_recv(sock, RECV_BYTES)
+                    if not data:
+                        raise ResponseError("the server closed the connection")
+                    tally.bytes_received += len(data)
+                    buf += data
+                    taken = take_response(buf)
+                    if taken is not None:
+                        break
+            except (OSError, ResponseError) as error:
+                tally.error("conn_error", repr(error))
+                sock.close()
+                try:
+                    sock = open_socket(plan.host, plan.port)
+                except OSError as error:
+                    tally.error("connect_failed", repr(error))
+                    return
+                sock.setblocking(False)
+                buf = bytearray()
+                continue
+            done_ns = time.perf_counter_ns()
+            total, status, close, body = taken
+            tally.check(status, body, needle, ops)
+            body.release()
+            del buf[:total]
+            now = time.monotonic_ns()
+            if t_measure <= now < t_end:
+                tally.completed += 1
+                histogram.record(done_ns - sent_ns)
+            if close:
+                tally.error("conn_closed", "connection: close")
+                sock.close()
+                try:
+                    sock = open_socket(plan.host, plan.port)
+                except OSError as error:
+                    tally.error("connect_failed", repr(error))
+                    return
+                sock.setblocking(False)
+        sock.close()
+
+    async def main():
+        await asyncio.sleep(max(0, (t_start - time.monotonic_ns()) / 1e9))
+        tasks = [asyncio.ensure_future(client(sock, ring)) for sock, ring in zip(socks, rings, strict=True)]
+        done, pending = await asyncio.wait(tasks, timeout=(t_end - time.monotonic_ns()) / 1e9 + DRAIN_S)
+        tally.undrained = len(pending)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            task.result()  # a bug in the client must not pass as a quiet run
+
+    loop.run_until_complete(main())
+    loop.close()
+
+
+_ENGINES = {"selectors": _run_selectors, "threads": _run_threads, "asyncio": _run_asyncio}
+
+
+def _sleep_until(deadline_ns: int) -> None:
+    delay = (deadline_ns - time.monotonic_ns()) / 1e9
+    if delay > 0:
+        time.sleep(delay)
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+
+def _child(plan: Plan, pipe) -> None:
+    """A generator process: connect, say ready, take the window, run, send the tally back."""
+    try:
+        if plan.cpus:
+            os.sched_setaffinity(0, plan.cpus)
+        rings = [connection_ring(plan.workload, plan.ops, plan.host, plan.port, index, plan.connections_total)
+                 for index in plan.connections]
+        window = [0, 0, 0]
+        tally = Tally()
+        steps = _ENGINES[plan.engine](plan, rings, window, tally)
+        next(steps)  # connects
+        pipe.send(("ready", None))
+        window[:] = pipe.recv()
+        for _ in steps:
+            pass
+        pipe.send(("done", tally.to_wire()))
+    except BaseException as error:  # noqa: BLE001 - reported to the parent, which fails the run loudly
+        pipe.send(("failed", repr(error)))
+        raise
+    finally:
+        pipe.close()
+
+
+class Generator:
+    """Generator processes for one run. Use: start() (connects), go(warmup_s, duration_s) -> the
+    window's monotonic bounds, then finish() -> merged Tally. `pids` are for CPU accounting."""
+
+    def __init__(self, host: str, port: int, workload: Workload, ops: int, connections: int,
+                 processes: int = 1, engine: str = "selectors", cpus: list[int] | None = None,
+                 keys_total: int = 10_000):
+        if engine not in _ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
+        processes = max(1, min(processes, connections))
+        context = multiprocessing.get_context("fork")
+        self._children = []
+        for index in range(processes):
+            mine = list(range(index, connections, processes))
+            plan = Plan(host, port, workload, ops, mine, connections, keys_total, engine, cpus)
+            parent_end, child_end = context.Pipe()
+            process = context.Process(target=_child, args=(plan, child_end), daemon=True,
+                                      name=f"bench-generator-{index}")
+            self._children.append((process, parent_end, child_end))
+        self.pids: list[int] = []
+
+    def start(self) -> None:
+        for process, _, child_end in self._children:
+            process.start()
+            child_end.close()
+        self.pids = [process.pid for process, _, _ in self._children]
+        for _, pipe, _ in self._children:
+            kind, detail = _receive(pipe, timeout_s=60)
+            if kind != "ready":
+                raise RuntimeError(f"a generator process failed to start: {detail}")
+
+    def go(self, warmup_s: float, duration_s: float) -> tuple[int, int, int]:
+        t_start = time.monotonic_ns() + 100_000_000  # time for every child to read its window
+        t_measure = t_start + int(warmup_s * 1e9)
+        t_end = t_measure + int(duration_s * 1e9)
+        for _, pipe, _ in self._children:
+            pipe.send((t_start, t_measure, t_end))
+        return t_start, t_measure, t_end
+
+    def finish(self) -> Tally:
+        tallies = []
+        failures = []
+        for process, pipe, _ in self._children:
+            kind, detail = _receive(pipe, timeout_s=DRAIN_S + 30)
+            if kind == "done":
+                tallies.append(Tally.from_wire(detail))
+            else:
+                failures.append(detail)
+            process.join(timeout=10)
+        if failures:
+            raise RuntimeError(f"generator process failed: {failures[0]}")
+        return merge_tallies(tallies)
+
+
+def _receive(pipe, timeout_s: float):
+    if not pipe.poll(timeout_s):
+        return "failed", f"no word from the generator process in {timeout_s} s"
+    try:
+        return pipe.recv()
+    except EOFError:
+        return "failed", "the generator process died without a word"
+
+
+def request_once(host: str, port: int, request: bytes, timeout_s: float = 5.0) -> tuple[int, bytes]:
+    """One request on a fresh connection: (status, body). For health checks and preloads."""
+    with open_socket(host, port) as sock:
+        sock.settimeout(timeout_s)
+        sock.sendall(request)
+        buf = bytearray()
+        while True:
+            data = sock.recv(RECV_BYTES)
+            if not data:
+                raise ResponseError("the server closed the connection before answering")
+            buf += data
+            taken = take_response(buf)
+            if taken is not None:
+                _, status, _, body = taken
+                result = status, bytes(body)
+                body.release()
+                return result
