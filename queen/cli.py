@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import signal
@@ -93,17 +94,24 @@ def serve(config: Config) -> int:
             await server.run()
             nursery.cancel_scope.cancel()
 
+    failure = None
     try:
         trio.run(main_task)
-    except DataDirBusy as error:
-        logger.error("event=start_failed reason=%r", str(error))
-        return 1
-    except CorruptLog as error:
+    except* (DataDirBusy, CorruptLog, OSError) as group:  # raised inside nurseries, so grouped
+        failure = _first_leaf(group)
+    if failure is None:
+        return 0
+    if isinstance(failure, CorruptLog):
         logger.error("event=start_failed reason=corrupt_log detail=%r action=refusing_to_start "
-                     "hint='inspect or move the named file; starting would drop acknowledged writes'", str(error))
-        return 1
-    except OSError as error:
-        logger.error("event=start_failed reason=%r", str(error))
-        return 1
-    return 0
+                     "hint='inspect or move the named file; starting would drop acknowledged writes'", str(failure))
+    elif isinstance(failure, OSError) and failure.errno == errno.EADDRINUSE:
+        logger.error("event=start_failed reason=address_in_use host=%s port=%d", config.host, config.port)
+    else:
+        logger.error("event=start_failed reason=%r", str(failure))
+    return 1
 
+
+def _first_leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error

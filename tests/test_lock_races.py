@@ -113,7 +113,7 @@ def test_semaphore_of_four_never_has_more_than_four_holders(server):
     assert peak <= limit
     for slot in range(limit):
         same_slot = sorted((t for t in tenures if t[2] == slot), key=lambda t: t[3])
-        for earlier, later in zip(same_slot, same_slot[1:]):
+        for earlier, later in zip(same_slot, same_slot[1:], strict=False):
             assert later[3] > earlier[3]  # fences rise with every new holder of the slot
             assert earlier[1] <= later[1]
 

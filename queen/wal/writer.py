@@ -204,5 +204,8 @@ class WalWriter:
 
 
 def _unavailable(error: OSError) -> Unavailable:
-    return Unavailable("not_durable", "the server cannot make writes durable; nothing of this call was acknowledged",
+    # Not "nothing was written": after a failed fsync the frame may still reach the disk, so the
+    # outcome is unknown, as after a crash. A retry with the same owner/expect converges.
+    return Unavailable("not_durable", "the server could not make this call durable; its outcome is unknown "
+                       "(it may be present after a restart) and writes are refused until the server is restarted",
                        {"cause": str(error)})

@@ -230,8 +230,6 @@ async def test_queen_serve_on_a_damaged_middle_frame_exits_non_zero_naming_the_f
     assert path in process.stderr and f"offset {start}" in process.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="queen/cli.py catches CorruptLog around trio.run, but it arrives wrapped "
-                                       "in an ExceptionGroup from main_task's nursery, so a traceback is printed instead")
 async def test_queen_serve_on_a_damaged_middle_frame_says_why_in_one_log_line(tmp_path, serve, mock_clock):
     process, path, start = await serve_subprocess_on_a_damaged_middle_frame(tmp_path / "data", serve)
     assert process.returncode == 1
