@@ -40,7 +40,7 @@ class Disk:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             self.write(fd, data)
-            os.fsync(fd)
+            self.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
