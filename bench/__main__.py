@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keys", type=int, default=KEYS_TOTAL, help=f"distinct keys, bounding the rows (default {KEYS_TOTAL})")
     parser.add_argument("--profile", action="store_true",
                         help="after the clean runs, run each workload again with py-spy on its server and report CPU by layer")
+    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
+                        help="before each run, wait up to S seconds for the machine to be idle (both cores together "
+                             "under 15%% busy); for shared hosts (default 0: don't wait)")
     parser.add_argument("--data-parent", default=None,
                         help="directory that holds the temporary data dir (default: the system temp dir); it must be a "
                              "real disk for the durability figures to mean anything")
@@ -213,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": sysinfo.machine(data_parent),
         "settings": {"duration_s": args.duration, "warmup_s": args.warmup, "repeat": args.repeat,
                      "engine": args.engine, "processes": args.processes, "server_cpus": args.server_cpus,
-                     "generator_cpus": args.generator_cpus, "keys_total": args.keys},
+                     "generator_cpus": args.generator_cpus, "keys_total": args.keys,
+                     "wait_quiet_s": args.wait_quiet},
         "runs": [],
         "servers": [],
         "notes": [],
@@ -237,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
                     _say(f"preloading {args.keys} keys")
                     preload(server, args.keys)
                     preloaded.add(workload.target)
+                quiet = None
+                if args.wait_quiet > 0:
+                    quiet, waited_s = sysinfo.wait_quiet(15.0, args.wait_quiet)
+                    if waited_s >= 1 or not quiet:
+                        _say(f"waited {waited_s} s for a quiet machine" + ("" if quiet else ": still busy, running anyway"))
                 _say(f"round {round_index + 1}/{args.repeat} {workload.name} ops={ops} connections={connections}"
                      f"{' profiled' if profiled else ''}: {args.warmup} s warm-up + {args.duration} s")
                 try:
@@ -248,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                     document["failed_runs"] = document.get("failed_runs", 0) + 1
                     continue
                 run["round"] = round_index + 1
+                run["started_quiet"] = quiet
                 errors = sum(run["errors"].values())
                 _say(f"  {run['requests_per_s']:,.0f} req/s {run['ops_per_s']:,.0f} ops/s "
                      f"p50 {run['latency']['p50_us']} us p99 {run['latency']['p99_us']} us; "

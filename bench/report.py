@@ -11,6 +11,10 @@ from __future__ import annotations
 # A side whose process used at least this share of its core was the one that set the pace.
 SATURATED_PCT = 90.0
 
+# CPU busy on the cores that no process of ours was charged for, above which a run is flagged:
+# quiet runs show 10-35% (loopback TCP in softirq); more means another process shared the cores.
+NEIGHBOUR_PCT = 45.0
+
 # The issue's goals, as data so the next issue can add its own.
 GOALS = (
     {"name": "kv-put 1 op/request within 80% of the do-nothing h11 ceiling",
@@ -62,9 +66,26 @@ def _median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
+def unattributed_pct(cpu: dict) -> float:
+    """Busy time of all cores minus what our own processes used, in % of one core."""
+    cores = sum(value or 0 for value in cpu["cores_busy_pct"].values())
+    ours = sum(cpu["processes_pct_of_core"].values())
+    return round(cores - ours, 1)
+
+
 def derive(document: dict) -> None:
     """Add the summary (median over rounds of each configuration), the ratios to the do-nothing
     ceiling and the goals' verdicts to a finished document, in place."""
+    noisy = []
+    for run in document["runs"]:
+        run["unattributed_pct"] = unattributed_pct(run["cpu"])
+        if run["unattributed_pct"] > NEIGHBOUR_PCT:
+            noisy.append(f"{run['workload']} {run['ops']} op(s)"
+                         + (" (profiled)" if run.get("profiled") else f" #{run.get('round', 1)}"))
+    if noisy:
+        document["notes"].append(f"{len(noisy)} run(s) had more than {NEIGHBOUR_PCT:.0f}% of a core busy outside our "
+                                 f"processes (another process on the machine, or kernel work): {', '.join(noisy)}. "
+                                 "Their req/s and µs/req are likely low; compare medians, or rerun on a quiet machine.")
     groups: dict[tuple, list[dict]] = {}
     for run in document["runs"]:
         if not run.get("profiled"):
@@ -128,10 +149,11 @@ def markdown(document: dict) -> str:
     cpu_lines = [
         "CPU over each measured window, in % of one core (server = all its threads; main = the event loop, "
         "workers = trio threads doing WAL write+fsync; cores include kernel and softirq work and any other process, "
-        "so a core much busier than the processes pinned to it had a neighbour during that run):",
+        "so a core much busier than the processes pinned to it had a neighbour during that run; unattributed = "
+        "both cores' busy time minus our processes'):",
         "",
-        "| workload | ops/req | server | main / workers | server µs/req | generator | generator µs/req | cpu0 busy | cpu1 busy | steal |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| workload | ops/req | server | main / workers | server µs/req | generator | generator µs/req | cpu0 busy | cpu1 busy | steal | unattributed |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for run in document["runs"]:
         latency = run["latency"]
@@ -152,7 +174,7 @@ def markdown(document: dict) -> str:
             f"| {name} | {run['ops']} | {procs.get('server', 0):.0f}% "
             f"| {max(0.0, threads.get('main thread', 0)):.0f}% / {max(0.0, threads.get('other threads', 0)):.0f}% "
             f"| {_num(run['server_us_per_request'])} | {procs.get('generator', 0):.0f}% | {_num(run['generator_us_per_request'])} "
-            f"| {_num(cores.get('cpu0'))}% | {_num(cores.get('cpu1'))}% | {steal:.1f}% |")
+            f"| {_num(cores.get('cpu0'))}% | {_num(cores.get('cpu1'))}% | {steal:.1f}% | {max(0.0, run.get('unattributed_pct', 0)):.0f}% |")
     lines += [""] + cpu_lines + [""]
     summary = document.get("summary", [])
     if document["settings"].get("repeat", 1) > 1:

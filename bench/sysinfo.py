@@ -153,3 +153,19 @@ def _git_commit() -> str | None:
     if out.returncode != 0:
         return None
     return out.stdout.strip() + ("+dirty-queen" if dirty.stdout.strip() else "")
+
+
+def wait_quiet(busy_pct_max: float, timeout_s: float, window_s: float = 0.5) -> tuple[bool, float]:
+    """Wait until all cores together are busy less than busy_pct_max (% of one core) over a
+    window, or timeout_s passes: (quiet, seconds waited). On a shared machine a run that starts
+    while another process is busy measures the neighbour as much as the server."""
+    started = time.monotonic()
+    while True:
+        before = cores_busy_s()
+        time.sleep(window_s)
+        after = cores_busy_s()
+        busy = sum(after[name][0] - before[name][0] for name in after if name in before)
+        if 100 * busy / window_s < busy_pct_max:
+            return True, round(time.monotonic() - started, 1)
+        if time.monotonic() - started >= timeout_s:
+            return False, round(time.monotonic() - started, 1)
