@@ -25,6 +25,7 @@ from queen.http.routes import Api
 from queen.runtime.router import Router, send_ticks, shard_of
 from queen.runtime.shard_actor import ShardActor
 from queen.wal.disk import Disk
+from queen.wal.disk_thread import DiskThread
 from queen.wal.recovery import recover
 from queen.wal.writer import WalWriter
 
@@ -95,12 +96,15 @@ class Server:
                     recovered.records, recovered.truncated_bytes, recovered.last_version,
                     sum(s.kv.row_count() for s in states), time.perf_counter() - started)
 
+        disk_thread = None
+        if self.run_blocking is None:
+            disk_thread = DiskThread()
         writer = self.writer = WalWriter(
             config.data_dir, disk=self.disk, next_segment=recovered.next_segment,
             durable_version=recovered.last_version, segment_bytes_max=config.segment_bytes_max,
             snapshot_wal_bytes=config.snapshot_wal_bytes,
             capture_state=lambda: [state.kv.rows_for_snapshot() for state in states],
-            run_blocking=self.run_blocking)
+            run_blocking=self.run_blocking or disk_thread.run_sync)
         actors = [ShardActor(i, state, writer, clock) for i, state in enumerate(states)]
         router = self.router = Router(actors, writer, clock)
         limits = Limits(value_bytes_max=config.value_bytes_max, ops_per_call_max=config.ops_per_call_max)
@@ -139,6 +143,8 @@ class Server:
             writer.close()
             await writer_done.wait()
             core.cancel_scope.cancel()
+        if disk_thread is not None:
+            disk_thread.close()
         logger.info("event=shutdown_complete durable_version=%d", writer.durable_version)
 
     def metrics_text(self) -> str:
