@@ -168,7 +168,9 @@ def check_value(value, limits: Limits, index):
               bytes=size, limit=limits.value_bytes_max)
 
 
-def parse_kv_op(raw, index, limits: Limits, allow_reserved: bool = False) -> KvOp:
+def parse_kv_op(raw, index, limits: Limits, allow_reserved: bool = False, values_checked: bool = False) -> KvOp:
+    """values_checked: the caller knows every value is JSON-representable and within the size
+    limit (a small JSON body), so measuring each value again is skipped."""
     if type(raw) is not dict:
         _fail("invalid_operation", "each operation must be an object", index)
     name = raw.get("op")
@@ -213,7 +215,8 @@ def parse_kv_op(raw, index, limits: Limits, allow_reserved: bool = False) -> KvO
         if "value" not in raw:
             _fail("value_required", f"{name} needs a value", index)
         op.value = raw["value"]
-        check_value(op.value, limits, index)
+        if not values_checked:
+            check_value(op.value, limits, index)
         if name == "putIfAbsent" and expect is not None:
             _fail("invalid_expect", "putIfAbsent takes no expect; it applies only when the key is absent", index)
     elif name == "incr":
@@ -241,13 +244,13 @@ def decode_cursor(raw, index=None) -> str | None:
         _fail("invalid_cursor", "cursor must be the string a previous page returned", index)
 
 
-def parse_kv_ops(raw_ops, limits: Limits, allow_reserved: bool = False) -> list[KvOp]:
+def parse_kv_ops(raw_ops, limits: Limits, allow_reserved: bool = False, values_checked: bool = False) -> list[KvOp]:
     if type(raw_ops) is not list or not raw_ops:
         raise BadRequest("invalid_operations", "operations must be a non-empty list")
     if len(raw_ops) > limits.ops_per_call_max:
         raise BadRequest("too_many_operations", f"at most {limits.ops_per_call_max} operations per call",
                          {"count": len(raw_ops), "limit": limits.ops_per_call_max})
-    return [parse_kv_op(raw, i, limits, allow_reserved) for i, raw in enumerate(raw_ops)]
+    return [parse_kv_op(raw, i, limits, allow_reserved, values_checked) for i, raw in enumerate(raw_ops)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,9 +314,7 @@ class KvState:
             table.keys.add(key)
         table.rows[key] = row
         if row.expires_at_ms:
-            self.wheel.add((ns, key), row.expires_at_ms)
-        else:
-            self.wheel.remove((ns, key))
+            self.wheel.schedule((ns, key), row.expires_at_ms)
         effects.append((EFFECT_PUT, ns, key, row.value, row.version, row.create_version,
                         row.created_at_ms, row.updated_at_ms, row.expires_at_ms))
         self.wait_version = row.version
@@ -474,15 +475,21 @@ class KvState:
         """Free the rows whose lifetime has passed; returns their (ns, key). Writes nothing to the
         WAL: expiry is a function of the stored expires_at_ms, so replay reaches the same state."""
         gone = []
-        for ns, key in self.wheel.advance(now_ms):
+        wheel = self.wheel
+        for item in wheel.advance(now_ms):
+            ns, key = item
             table = self.tables.get(ns)
             row = table.rows.get(key) if table is not None else None
-            if row is not None and row.expires_at_ms and row.expires_at_ms <= now_ms:
-                del table.rows[key]
-                table.keys.remove(key)
-                if not table.rows:
-                    del self.tables[ns]
-                gone.append((ns, key))
+            if row is None or not row.expires_at_ms:
+                continue  # deleted, or rewritten to live forever
+            if row.expires_at_ms > now_ms:
+                wheel.add(item, row.expires_at_ms)  # rewritten with a later expiry (see schedule)
+                continue
+            del table.rows[key]
+            table.keys.remove(key)
+            if not table.rows:
+                del self.tables[ns]
+            gone.append(item)
         return gone
 
     def replay(self, effect) -> None:
@@ -497,9 +504,7 @@ class KvState:
                 table.keys.add(key)
             table.rows[key] = Row(value, version, create_version, created_at_ms, updated_at_ms, expires_at_ms)
             if expires_at_ms:
-                self.wheel.add((ns, key), expires_at_ms)
-            else:
-                self.wheel.remove((ns, key))
+                self.wheel.schedule((ns, key), expires_at_ms)
         elif tag == EFFECT_DELETE:
             _, ns, key, version = effect
             table = self.tables.get(ns)

@@ -39,6 +39,15 @@ class TimingWheel:
         self._slots[index][item] = due_ms
         self._slot_of[item] = index
 
+    def schedule(self, item, due_ms: int) -> None:
+        """Make sure item is looked at no later than due_ms. An entry already due earlier is kept:
+        when it fires, the owner finds the later expiry and files it again. That makes a rewrite
+        of a row (the common case) a dict lookup instead of a move between slots."""
+        index = self._slot_of.get(item)
+        if index is not None and self._slots[index][item] <= due_ms:
+            return
+        self.add(item, due_ms)
+
     def remove(self, item) -> None:
         index = self._slot_of.pop(item, None)
         if index is not None:

@@ -12,7 +12,7 @@ from queen.core.kv import READ_OPS, Limits, decode_cursor, parse_kv_op, parse_kv
 from queen.core.locks import NAME_BYTES_MAX, parse_lock_ops
 from queen.core.txn import LATER_SECTIONS, SECTIONS, check_transaction_ops
 from queen.errors import BadRequest, QueenError
-from queen.http.codec import decode_body, encode_body
+from queen.http.codec import CBOR, decode_body, encode_body
 from queen.http.connection import Request, Response
 
 API = "/api/v1/"
@@ -77,7 +77,7 @@ class Api:
         document = decode_body(request.body, request.content_type)
         if type(document) is not dict:
             raise BadRequest("invalid_body", 'the body must be an object: {"operations": [...]}')
-        ops = parse_kv_ops(document.get("operations"), self.limits)
+        ops = parse_kv_ops(document.get("operations"), self.limits, values_checked=self._values_checked(request))
         has_writes = any(op.op not in READ_OPS for op in ops)
         return {"results": await self.router.run_kv(ops, has_writes)}
 
@@ -148,6 +148,11 @@ class Api:
         ops = parse_kv_ops(document.get("kv"), self.limits)
         check_transaction_ops(ops)
         return await self.router.run_transaction(ops)
+
+    def _values_checked(self, request: Request) -> bool:
+        """A JSON body decoded by orjson re-encodes to valid JSON, and (floats such as 1e2 can grow
+        when re-encoded) a body of at most half the value limit cannot hold a value over it."""
+        return not request.content_type.startswith(CBOR) and len(request.body) * 2 <= self.limits.value_bytes_max
 
     def _body_object(self, request: Request, required: bool) -> dict:
         if not request.body and not required:

@@ -17,11 +17,20 @@ from queen.core.txn import apply_transaction
 from queen.errors import Unavailable
 from queen.runtime.shard_actor import ABANDON, OPS, TICK, WAIT, Call, ShardActor
 
+_ns_seeds: dict[str, int] = {}
+_NS_SEEDS_MAX = 4096  # namespaces are few; past this, hash without the cache rather than grow it
+
 
 def shard_of(ns: str, key: str, shard_count: int) -> int:
+    """crc32 of ns, NUL, key: stable, and cheap with the namespace's part computed once."""
     if ns == LOCKS_NS:
         key = key.partition("#")[0]
-    return zlib.crc32(f"{ns}\x00{key}".encode()) % shard_count
+    seed = _ns_seeds.get(ns)
+    if seed is None:
+        seed = zlib.crc32(ns.encode() + b"\x00")
+        if len(_ns_seeds) < _NS_SEEDS_MAX:
+            _ns_seeds[ns] = seed
+    return zlib.crc32(key.encode(), seed) % shard_count
 
 
 class Router:
