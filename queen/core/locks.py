@@ -160,6 +160,9 @@ class LockTable:
 
     def acquire(self, op: LockOp, now_ms: int, effects: list) -> dict:
         kv = self.kv
+        if op.name in self.waiters:
+            # A permit may have expired since the last tick: it belongs to the oldest waiter.
+            self.serve_waiters(op.name, now_ms, effects)
         rows = self._rows(op.name, op.limit, now_ms)
         if op.owner is not None:
             for slot, row in enumerate(rows):

@@ -206,3 +206,14 @@ def test_call_limits_on_count_names_and_slots():
         parse_lock_ops([{**acquire, "name": f"n{i}", "limit": 1024} for i in range(5)])
     assert caught.value.code == "too_many_slots"
     assert len(parse_lock_ops([{**acquire, "name": f"n{i}", "limit": 1024} for i in range(4)])) == 4
+
+
+def test_a_permit_that_expired_before_the_tick_goes_to_the_waiter_not_to_a_newcomer():
+    shard = Shard()
+    locks = shard.state.locks
+    shard.acquire(owner="h", ttl=1)
+    waiting = parse_lock_op({"op": "acquire", "name": "job", "ttlSeconds": 5, "owner": "w", "waitMs": 10_000}, 0)
+    locks.park(waiting, T0, "ticket")
+    newcomer = shard.acquire(owner="n", now_ms=T0 + 1010)  # expired, and no tick has run yet
+    assert newcomer["reason"] == "held" and [h["owner"] for h in newcomer["holders"]] == ["w"]
+    assert [(t, r["owner"]) for t, r, _ in locks.resolved] == [("ticket", "w")]
