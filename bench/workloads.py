@@ -1,9 +1,10 @@
-"""Workloads as data: what a run sends, to which server, and what every answer must contain.
+"""Workloads as data: what a run does, on which systems, and what it counts.
 
-Owns: the table of named workloads and the encoding of their requests into the exact bytes a
-generator connection sends. A workload is a frozen record; adding one (a lock storm, a CAS
-contention mix, an etcd or Redis twin) is adding a row here plus, when it needs a new request
-shape, one encoder function. Nothing here opens a socket or reads a clock.
+Owns: the table of named workloads. A workload names the unit its headline rate counts (ops,
+pairs, renewals, answers) and, per system family, how a connection's conversation is built: a
+`Session` factory for the raw-socket generator (Queen and the baseline over HTTP, Redis over RESP)
+or the workload's name in the Go etcd loader (bench/peers/etcdload). A workload a family lacks is
+reported as "n/a" for it, never silently left out. Nothing here opens a socket or reads a clock.
 
 Key layout, shared by every KV workload so that a preload serves any connection count: the key
 space is `keys_total` keys "k00000".."k{keys_total-1}" in namespace "bench". Connection i of C
@@ -14,46 +15,44 @@ and the number of rows stays bounded at keys_total however long the run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
-NS = "bench"
+from bench import sessions as s
+from bench.sessions import Context, http_post, key_groups, key_name, resp_command
+
+NS = s.KV_NS
 KEYS_TOTAL = 10_000
 # Long enough that no row expires during a run (expiry would turn puts into inserts mid-run), and
 # still a TTL: every put goes through the timing wheel as a real client's would.
-TTL_SECONDS = 3600
-VALUE = "v" * 32
+TTL_SECONDS = s.KV_TTL_S
+VALUE = s.VALUE
 # Requests each connection pre-encodes and then cycles through; bounded so 64-op bodies for many
 # connections stay a few MB.
 RING_REQUESTS_MAX = 1024
+
+# Systems, and the family (driver) each belongs to. Both Redis systems speak the same protocol;
+# only the server's persistence settings differ.
+FAMILY = {"queen": "queen", "baseline": "baseline", "redis-aof": "redis", "redis-mem": "redis", "etcd": "etcd"}
 
 
 @dataclass(frozen=True)
 class Workload:
     name: str
-    target: str  # "queen" or "baseline": which server runs it
-    op: str  # KV op each operation of a request performs ("put", "get")
-    preload: bool  # write every key once before measuring (reads must find what they ask for)
-    # A 200 is not enough: each answer must contain this needle once per operation, so a run that
-    # silently answers "found": false or "applied": false counts errors, not throughput.
-    needle: bytes | None
-    fixed_ops: int | None = None  # the baseline sends one shape whatever --ops says
-    description: str = ""
+    unit: str  # what the headline rate counts: ops, pairs, renewals, answers, txns
+    description: str
+    # family -> Session factory (ctx -> Session) for the socket generator, or a str: the workload's
+    # name in the Go etcd loader.
+    drivers: dict = field(default_factory=dict)
+    preload: bool = False  # write every key once before measuring (reads must find what they ask for)
+    fixed_ops: int | None = None  # one shape whatever --ops says
+    # Units besides the headline one that the report shows as rates (hand-overs, timeouts).
+    extra_units: tuple = ()
 
-
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (
-    Workload("kv-put", "queen", "put", preload=False, needle=b'"applied":true',
-             description="put with ttlSeconds on distinct keys (rows bounded by the key space), POST /api/v1/kv"),
-    Workload("kv-get", "queen", "get", preload=True, needle=b'"found":true',
-             description="get of preloaded keys, POST /api/v1/kv"),
-    Workload("baseline-h11", "baseline", "put", preload=False, needle=None, fixed_ops=1,
-             description="the kv-put 1-op request sent to a do-nothing trio+h11 server (bench/baseline_h11.py): the per-request ceiling"),
-)}
-
-
-def key_name(index: int) -> str:
-    return f"k{index:05d}"
+    @property
+    def target(self) -> str:  # the system of a single-system workload (the baseline)
+        return next(iter(self.drivers))
 
 
 def operation(op: str, key: str) -> dict:
@@ -64,30 +63,84 @@ def operation(op: str, key: str) -> dict:
     raise ValueError(f"no encoder for op {op!r}")
 
 
-def http_post(host: str, port: int, path: str, body: bytes) -> bytes:
-    return (b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-            % (path.encode(), host.encode(), port, len(body))) + body
-
-
 def kv_request(host: str, port: int, op: str, keys: list[str]) -> bytes:
-    body = orjson.dumps({"operations": [operation(op, key) for key in keys]})
-    return http_post(host, port, "/api/v1/kv", body)
+    return http_post(host, port, "/api/v1/kv", orjson.dumps({"operations": [operation(op, key) for key in keys]}))
 
 
-def connection_ring(workload: Workload, ops: int, host: str, port: int, connection: int,
-                    connections: int, keys_total: int = KEYS_TOTAL) -> list[bytes]:
-    """The pre-encoded requests connection `connection` of `connections` cycles through."""
-    stretch = max(1, keys_total // connections)
-    first = connection * keys_total // connections
-    requests = min(RING_REQUESTS_MAX, -(-stretch // ops))
-    ring = []
-    for request in range(requests):
-        keys = [key_name((first + (request * ops + i) % stretch) % keys_total) for i in range(ops)]
-        ring.append(kv_request(host, port, workload.op, keys))
-    return ring
+def _queen_ring(op: str, needle: bytes):
+    def build(ctx: Context):
+        ring = [kv_request(ctx.host, ctx.port, op, keys) for keys in key_groups(ctx, RING_REQUESTS_MAX)]
+        return s.RingSession(ctx, ring, needle)
+    build.__qualname__ = f"queen_{op}_ring"
+    return build
+
+
+def _baseline(ctx: Context):
+    # The same bytes as a 1-op kv-put; the baseline answers each with a fixed document.
+    ring = [kv_request(ctx.host, ctx.port, "put", keys) for keys in key_groups(ctx, RING_REQUESTS_MAX)]
+    return s.RingSession(ctx, ring, None)
+
+
+def _redis_put(ctx: Context):
+    ring = [b"".join(resp_command("SET", f"{NS}/{k}", VALUE, "PX", TTL_SECONDS * 1000) for k in keys)
+            for keys in key_groups(ctx, RING_REQUESTS_MAX)]
+    return s.RedisRing(ctx, ring, lambda reply: reply == b"OK")
+
+
+def _redis_get(ctx: Context):
+    ring = [b"".join(resp_command("GET", f"{NS}/{k}") for k in keys) for keys in key_groups(ctx, RING_REQUESTS_MAX)]
+    return s.RedisRing(ctx, ring, lambda reply: reply is not None)
+
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    Workload("baseline-h11", "ops",
+             "the kv-put 1-op request sent to a do-nothing trio+h11 server (bench/baseline_h11.py): the per-request ceiling",
+             {"baseline": _baseline}, fixed_ops=1),
+    Workload("lock-cycle", "pairs",
+             "acquire `ops` free locks on distinct names in one call, release them in the next with the slot and token "
+             "each acquire answered; a pair = acquire + release",
+             {"queen": s.QueenLockCycle, "redis": s.RedisLockCycle, "etcd": "lock-cycle"}, extra_units=("acquired",)),
+    Workload("lock-renew", "renewals",
+             "renew `ops` held locks per call, each with the token the last renew answered",
+             {"queen": s.QueenLockRenew, "redis": s.RedisLockRenew, "etcd": "lock-renew"}),
+    Workload("lock-hot", "answers",
+             "every connection acquires the same lock, fail-fast: held answers at once and the client asks again; "
+             "a grant is released at once. answers = acquire answers/s, acquired = hand-overs/s",
+             {"queen": s.QueenContended, "redis": s.RedisContended, "etcd": "lock-hot"}, fixed_ops=1,
+             extra_units=("acquired", "pairs")),
+    Workload("lock-hot-wait", "acquired",
+             f"every connection acquires the same lock with waitMs {s.WAIT_MS}: the server parks it and hands the lock "
+             "over when the holder releases (Queen only: the peers have no waiting acquire)",
+             {"queen": s.QueenHotWait}, fixed_ops=1, extra_units=("answers", "pairs", "timeouts")),
+    Workload("sem8", "pairs",
+             f"a semaphore of {s.SEMAPHORE_PERMITS} permits, every connection acquiring it fail-fast and releasing each "
+             "grant at once; pairs = permits granted and released per second",
+             {"queen": s.QueenSemaphore, "redis": s.RedisSemaphore, "etcd": "sem8"}, fixed_ops=1,
+             extra_units=("answers", "acquired")),
+    Workload("sem8-wait", "pairs",
+             f"the semaphore of {s.SEMAPHORE_PERMITS} with waitMs {s.WAIT_MS}: refused acquires park and are handed a "
+             "permit when one frees (Queen only)",
+             {"queen": s.QueenSemaphoreWait}, fixed_ops=1, extra_units=("answers", "acquired", "timeouts")),
+    Workload("kv-put", "ops", "put with a TTL on distinct keys (rows bounded by the key space)",
+             {"queen": _queen_ring("put", b'"applied":true'), "redis": _redis_put, "etcd": "kv-put"}),
+    Workload("kv-get", "ops", "get of preloaded keys",
+             {"queen": _queen_ring("get", b'"found":true'), "redis": _redis_get, "etcd": "kv-get"}, preload=True),
+    Workload("kv-cas", "ops",
+             "compare-and-set on the connection's own keys: each put expects the version (Redis: the value) the last "
+             "answer gave, so every one applies",
+             {"queen": s.QueenKvCas, "redis": s.RedisKvCas, "etcd": "kv-cas"}),
+    Workload("txn-guarded", "txns",
+             "hold a lock; commit transactions of its guard + `ops` puts (Redis: one script that checks the owner, "
+             "then sets; etcd: a txn comparing the lock key's value)",
+             {"queen": s.QueenGuardedTxn, "redis": s.RedisGuardedTxn, "etcd": "txn-guarded"}),
+)}
 
 
 def preload_requests(host: str, port: int, keys_total: int = KEYS_TOTAL, ops: int = 500) -> list[bytes]:
-    """Puts that create every key of the key space once, `ops` per request."""
+    """Queen puts that create every key of the key space once, `ops` per request."""
     return [kv_request(host, port, "put", [key_name(k) for k in range(start, min(start + ops, keys_total))])
             for start in range(0, keys_total, ops)]
+
+
+def redis_preload_commands(keys_total: int = KEYS_TOTAL) -> list[bytes]:
+    return [resp_command("SET", f"{NS}/{key_name(k)}", VALUE, "PX", TTL_SECONDS * 1000) for k in range(keys_total)]

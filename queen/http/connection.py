@@ -127,6 +127,7 @@ class HttpServer:
                 conn = h11.Connection(h11.SERVER, max_incomplete_event_size=config.header_bytes_max)
                 if pending:
                     conn.receive_data(pending)
+                progress.started = bool(pending)  # part of the next request may already be here
                 try:
                     request = await self._read_request(conn, stream, timer, progress)
                 except _Reject as reject:
@@ -177,8 +178,8 @@ class HttpServer:
         starts arriving must finish within request_read_timeout_s; the timer's expiry is handled
         by _serve (408)."""
         config = self.config
-        progress.started = False
-        deadline = trio.current_time() + config.idle_timeout_s
+        timeout_s = config.request_read_timeout_s if progress.started else config.idle_timeout_s
+        deadline = trio.current_time() + timeout_s
         head = None
         body_parts = []
         body_bytes = 0
