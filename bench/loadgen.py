@@ -1,10 +1,11 @@
 """The load generator: closed-loop HTTP/1.1 keep-alive clients over raw sockets, in one or more
 processes pinned to the generator's CPU.
 
-Owns: opening the connections, sending each connection's pre-encoded requests one at a time (one
-request outstanding per connection, the next sent the moment the answer is whole), the minimal
-parsing of answers (head up to CRLFCRLF, status, content-length, body), checking every answer,
-and timing each request into a histogram. A run has three phases on one monotonic clock shared by
+Owns: opening the connections, sending each connection's requests one at a time (one request
+outstanding per connection, the next sent the moment the answer is whole), and timing each
+request into a histogram. What a connection sends, how its answer is framed (HTTP/1.1 or RESP)
+and checked, and what it counts, is its `Session`'s (sessions.py): a ring of pre-encoded bytes for
+stateless workloads, a small state machine that reads the last answer for lock cycles and CAS. A run has three phases on one monotonic clock shared by
 all processes: warm-up (sent, not counted), the measured window (answers completed inside it are
 counted and timed), and a drain (no new requests; outstanding answers are read and checked).
 
@@ -13,7 +14,8 @@ rather than guessed (README.md has the figures): "selectors" (one epoll loop, no
 sockets; the default), "threads" (a blocking socket per thread), "asyncio" (loop.sock_* on plain
 sockets, no transports).
 
-Never: pipelines requests, reuses a connection after a malformed answer, or hides an error:
+Never: has two requests outstanding on a connection (a RESP "request" of N ops is N commands in
+one write, answered as one unit), reuses a connection after a malformed answer, or hides an error:
 every non-200, short body or closed connection is counted by kind, with samples kept.
 """
 
@@ -29,7 +31,8 @@ import time
 from dataclasses import dataclass, field
 
 from bench.histogram import Histogram
-from bench.workloads import Workload, connection_ring
+from bench.sessions import Context, ResponseError, take_response
+from bench.workloads import FAMILY, Workload
 
 RECV_BYTES = 1 << 18
 DRAIN_S = 10.0
@@ -37,32 +40,7 @@ ERROR_SAMPLES_MAX = 5
 ENGINES = ("selectors", "threads", "asyncio")
 
 
-class ResponseError(Exception):
-    """The bytes on the wire are not an answer this client can read; the connection is dropped."""
-
-
-def take_response(buf: bytearray) -> tuple[int, int, bool, memoryview] | None:
-    """If buf starts with a whole response: (bytes it spans, status, connection-close, body).
-    None while it is incomplete."""
-    end = buf.find(b"\r\n\r\n")
-    if end < 0:
-        if len(buf) > 65536:
-            raise ResponseError("response head over 64 KiB")
-        return None
-    head = bytes(buf[:end]).lower()
-    if not head.startswith(b"http/1.1 "):
-        raise ResponseError(f"not an HTTP/1.1 status line: {head[:40]!r}")
-    status = int(head[9:12])
-    start = head.find(b"\r\ncontent-length:")
-    if start < 0:
-        raise ResponseError("response without content-length")
-    stop = head.find(b"\r\n", start + 2)
-    length = int(head[start + 17: stop if stop >= 0 else len(head)])
-    total = end + 4 + length
-    if len(buf) < total:
-        return None
-    close = b"\r\nconnection: close" in head
-    return total, status, close, memoryview(buf)[end + 4: total]
+__all__ = ["ResponseError", "take_response", "Generator", "request_once", "ENGINES"]
 
 
 @dataclass
@@ -71,12 +49,19 @@ class Plan:
     host: str
     port: int
     workload: Workload
+    system: str
     ops: int
     connections: list[int]  # global indices of this process's connections
     connections_total: int
     keys_total: int
+    tag: str  # unique per run: names and keys of stateful workloads carry it
     engine: str = "selectors"
     cpus: list[int] | None = None
+
+    def sessions(self) -> list:
+        build = self.workload.drivers[FAMILY[self.system]]
+        return [build(Context(self.host, self.port, self.ops, index, self.connections_total, self.keys_total, self.tag))
+                for index in self.connections]
 
 
 @dataclass
@@ -89,28 +74,22 @@ class Tally:
     error_samples: list = field(default_factory=list)
     bytes_received: int = 0
     undrained: int = 0  # requests still unanswered when the drain gave up
+    units: dict = field(default_factory=dict)  # what the sessions counted inside the window
 
     def error(self, kind: str, sample: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
         if len(self.error_samples) < ERROR_SAMPLES_MAX:
             self.error_samples.append(f"{kind}: {sample}")
 
-    def check(self, status: int, body, needle: bytes | None, ops: int) -> None:
-        self.answered += 1
-        if status != 200:
-            self.error(f"http_{status}", bytes(body[:300]).decode("utf-8", "replace"))
-        elif needle is not None and bytes(body).count(needle) != ops:
-            self.error("bad_body", bytes(body[:300]).decode("utf-8", "replace"))
-
     def to_wire(self) -> dict:
         return {"histogram": self.histogram.to_wire(), "completed": self.completed, "answered": self.answered,
                 "errors": self.errors, "error_samples": self.error_samples,
-                "bytes_received": self.bytes_received, "undrained": self.undrained}
+                "bytes_received": self.bytes_received, "undrained": self.undrained, "units": self.units}
 
     @classmethod
     def from_wire(cls, wire: dict) -> Tally:
         return cls(Histogram.from_wire(wire["histogram"]), wire["completed"], wire["answered"], wire["errors"],
-                   wire["error_samples"], wire["bytes_received"], wire["undrained"])
+                   wire["error_samples"], wire["bytes_received"], wire["undrained"], wire.get("units", {}))
 
 
 def merge_tallies(tallies: list[Tally]) -> Tally:
@@ -121,6 +100,8 @@ def merge_tallies(tallies: list[Tally]) -> Tally:
         merged.answered += tally.answered
         merged.bytes_received += tally.bytes_received
         merged.undrained += tally.undrained
+        for unit, count in tally.units.items():
+            merged.units[unit] = merged.units.get(unit, 0) + count
         for kind, count in tally.errors.items():
             merged.errors[kind] = merged.errors.get(kind, 0) + count
         merged.error_samples.extend(tally.error_samples[: ERROR_SAMPLES_MAX - len(merged.error_samples)])
@@ -137,19 +118,17 @@ def open_socket(host: str, port: int) -> socket.socket:
 
 
 class _Conn:
-    __slots__ = ("ring", "position", "sock", "buf", "sent_at_ns", "busy")
+    __slots__ = ("session", "sock", "buf", "sent_at_ns", "busy")
 
-    def __init__(self, ring: list[bytes]):
-        self.ring = ring
-        self.position = 0
+    def __init__(self, session):
+        self.session = session
         self.sock = None
         self.buf = bytearray()
         self.sent_at_ns = 0
         self.busy = False
 
     def send_next(self) -> None:
-        request = self.ring[self.position]
-        self.position = (self.position + 1) % len(self.ring)
+        request = self.session.request()
         self.sent_at_ns = time.perf_counter_ns()
         self.busy = True
         sent = self.sock.send(request)
@@ -159,18 +138,18 @@ class _Conn:
             self.sock.setblocking(False)
 
 
-def _run_selectors(plan: Plan, rings, window, tally: Tally) -> None:
-    needle, ops = plan.workload.needle, plan.ops
+def _run_selectors(plan: Plan, sessions, window, tally: Tally) -> None:
     histogram = tally.histogram
     t_end = 0  # set from the window after the connect step; drop() reads it
     selector = selectors.DefaultSelector()
-    conns = [_Conn(ring) for ring in rings]
+    conns = [_Conn(session) for session in sessions]
 
     def connect(conn):
         conn.sock = open_socket(plan.host, plan.port)
         conn.sock.setblocking(False)
         conn.buf = bytearray()
         conn.busy = False
+        conn.session.reset()
         selector.register(conn.sock, selectors.EVENT_READ, conn)
 
     def drop(conn, kind, sample):
@@ -222,19 +201,22 @@ def _run_selectors(plan: Plan, rings, window, tally: Tally) -> None:
             buf = conn.buf
             buf += data
             try:
-                taken = take_response(buf)
+                taken = conn.session.take(buf)
             except ResponseError as error:
                 drop(conn, "bad_response", str(error))
                 continue
             if taken is None:
                 continue
             total, status, close, body = taken
-            tally.check(status, body, needle, ops)
-            body.release()
+            now = time.monotonic_ns()
+            counting = t_measure <= now < t_end
+            tally.answered += 1
+            conn.session.answer(status, body, tally, counting)
+            if type(body) is memoryview:
+                body.release()
             del buf[:total]
             conn.busy = False
-            now = time.monotonic_ns()
-            if t_measure <= now < t_end:
+            if counting:
                 tally.completed += 1
                 histogram.record(done_ns - conn.sent_at_ns)
             if close or buf:
@@ -253,20 +235,17 @@ def _run_selectors(plan: Plan, rings, window, tally: Tally) -> None:
 # -- engine: threads -----------------------------------------------------------------------------
 
 
-def _run_threads(plan: Plan, rings, window, tally: Tally):
-    needle, ops = plan.workload.needle, plan.ops
-    socks = [open_socket(plan.host, plan.port) for _ in rings]
+def _run_threads(plan: Plan, sessions, window, tally: Tally):
+    socks = [open_socket(plan.host, plan.port) for _ in sessions]
     yield
     t_start, t_measure, t_end = window
-    tallies = [Tally() for _ in rings]
+    tallies = [Tally() for _ in sessions]
 
-    def worker(sock, ring, mine: Tally):
+    def worker(sock, session, mine: Tally):
         _sleep_until(t_start)
-        position = 0
         buf = bytearray()
         while time.monotonic_ns() < t_end:
-            request = ring[position]
-            position = (position + 1) % len(ring)
+            request = session.request()
             sent_ns = time.perf_counter_ns()
             try:
                 sock.sendall(request)
@@ -276,7 +255,7 @@ def _run_threads(plan: Plan, rings, window, tally: Tally):
                         raise ResponseError("the server closed the connection")
                     mine.bytes_received += len(data)
                     buf += data
-                    taken = take_response(buf)
+                    taken = session.take(buf)
                     if taken is not None:
                         break
             except (OSError, ResponseError) as error:
@@ -288,13 +267,16 @@ def _run_threads(plan: Plan, rings, window, tally: Tally):
                     mine.error("connect_failed", repr(error))
                     return
                 buf = bytearray()
+                session.reset()
                 continue
             done_ns = time.perf_counter_ns()
             total, status, close, body = taken
-            mine.check(status, body, needle, ops)
-            body.release()
-            del buf[:total]
             now = time.monotonic_ns()
+            mine.answered += 1
+            session.answer(status, body, mine, t_measure <= now < t_end)
+            if type(body) is memoryview:
+                body.release()
+            del buf[:total]
             if t_measure <= now < t_end:
                 mine.completed += 1
                 mine.histogram.record(done_ns - sent_ns)
@@ -306,10 +288,11 @@ def _run_threads(plan: Plan, rings, window, tally: Tally):
                 except OSError as error:
                     mine.error("connect_failed", repr(error))
                     return
+                session.reset()
         sock.close()
 
-    threads = [threading.Thread(target=worker, args=(sock, ring, mine), daemon=True)
-               for sock, ring, mine in zip(socks, rings, tallies, strict=True)]
+    threads = [threading.Thread(target=worker, args=(sock, session, mine), daemon=True)
+               for sock, session, mine in zip(socks, sessions, tallies, strict=True)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -319,27 +302,25 @@ def _run_threads(plan: Plan, rings, window, tally: Tally):
     merged = merge_tallies(tallies)
     tally.histogram, tally.completed, tally.answered = merged.histogram, merged.completed, merged.answered
     tally.errors, tally.error_samples, tally.bytes_received = merged.errors, merged.error_samples, merged.bytes_received
+    tally.units = merged.units
 
 
 # -- engine: asyncio -----------------------------------------------------------------------------
 
 
-def _run_asyncio(plan: Plan, rings, window, tally: Tally):
-    needle, ops = plan.workload.needle, plan.ops
+def _run_asyncio(plan: Plan, sessions, window, tally: Tally):
     loop = asyncio.new_event_loop()
-    socks = [open_socket(plan.host, plan.port) for _ in rings]
+    socks = [open_socket(plan.host, plan.port) for _ in sessions]
     for sock in socks:
         sock.setblocking(False)
     yield
     t_start, t_measure, t_end = window
 
-    async def client(sock, ring):
-        position = 0
+    async def client(sock, session):
         buf = bytearray()
         histogram = tally.histogram
         while time.monotonic_ns() < t_end:
-            request = ring[position]
-            position = (position + 1) % len(ring)
+            request = session.request()
             sent_ns = time.perf_counter_ns()
             try:
                 await loop.sock_sendall(sock, request)
@@ -349,7 +330,7 @@ def _run_asyncio(plan: Plan, rings, window, tally: Tally):
                         raise ResponseError("the server closed the connection")
                     tally.bytes_received += len(data)
                     buf += data
-                    taken = take_response(buf)
+                    taken = session.take(buf)
                     if taken is not None:
                         break
             except (OSError, ResponseError) as error:
@@ -362,13 +343,16 @@ def _run_asyncio(plan: Plan, rings, window, tally: Tally):
                     return
                 sock.setblocking(False)
                 buf = bytearray()
+                session.reset()
                 continue
             done_ns = time.perf_counter_ns()
             total, status, close, body = taken
-            tally.check(status, body, needle, ops)
-            body.release()
-            del buf[:total]
             now = time.monotonic_ns()
+            tally.answered += 1
+            session.answer(status, body, tally, t_measure <= now < t_end)
+            if type(body) is memoryview:
+                body.release()
+            del buf[:total]
             if t_measure <= now < t_end:
                 tally.completed += 1
                 histogram.record(done_ns - sent_ns)
@@ -381,11 +365,12 @@ def _run_asyncio(plan: Plan, rings, window, tally: Tally):
                     tally.error("connect_failed", repr(error))
                     return
                 sock.setblocking(False)
+                session.reset()
         sock.close()
 
     async def main():
         await asyncio.sleep(max(0, (t_start - time.monotonic_ns()) / 1e9))
-        tasks = [asyncio.ensure_future(client(sock, ring)) for sock, ring in zip(socks, rings, strict=True)]
+        tasks = [asyncio.ensure_future(client(sock, session)) for sock, session in zip(socks, sessions, strict=True)]
         done, pending = await asyncio.wait(tasks, timeout=(t_end - time.monotonic_ns()) / 1e9 + DRAIN_S)
         tally.undrained = len(pending)
         for task in pending:
@@ -414,11 +399,10 @@ def _child(plan: Plan, pipe) -> None:
     try:
         if plan.cpus:
             os.sched_setaffinity(0, plan.cpus)
-        rings = [connection_ring(plan.workload, plan.ops, plan.host, plan.port, index, plan.connections_total)
-                 for index in plan.connections]
+        sessions = plan.sessions()
         window = [0, 0, 0]
         tally = Tally()
-        steps = _ENGINES[plan.engine](plan, rings, window, tally)
+        steps = _ENGINES[plan.engine](plan, sessions, window, tally)
         next(steps)  # connects
         pipe.send(("ready", None))
         window[:] = pipe.recv()
@@ -436,9 +420,9 @@ class Generator:
     """Generator processes for one run. Use: start() (connects), go(warmup_s, duration_s) -> the
     window's monotonic bounds, then finish() -> merged Tally. `pids` are for CPU accounting."""
 
-    def __init__(self, host: str, port: int, workload: Workload, ops: int, connections: int,
+    def __init__(self, host: str, port: int, workload: Workload, system: str, ops: int, connections: int,
                  processes: int = 1, engine: str = "selectors", cpus: list[int] | None = None,
-                 keys_total: int = 10_000):
+                 keys_total: int = 10_000, tag: str = "r"):
         if engine not in _ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
         processes = max(1, min(processes, connections))
@@ -446,7 +430,7 @@ class Generator:
         self._children = []
         for index in range(processes):
             mine = list(range(index, connections, processes))
-            plan = Plan(host, port, workload, ops, mine, connections, keys_total, engine, cpus)
+            plan = Plan(host, port, workload, system, ops, mine, connections, keys_total, tag, engine, cpus)
             parent_end, child_end = context.Pipe()
             process = context.Process(target=_child, args=(plan, child_end), daemon=True,
                                       name=f"bench-generator-{index}")
