@@ -1,11 +1,15 @@
 """`python -m bench`: start the servers under test, run the workloads against them, write the report.
 
-A session: start every server the chosen workloads need (a fresh `queen serve` on a temporary
-data directory, the do-nothing trio+h11 baseline), each pinned to the server CPU, and wait for
-their /healthz; run every (workload, ops per request, connections), `--repeat` rounds
-interleaved, with generator processes pinned to the generator CPU; stop each server with SIGTERM
-by its pid. Then results.json and results.md go to the out directory and the Markdown is printed. The exit status is 1 when any run saw an error, so a
-script cannot mistake a broken run for a slow one.
+A session: measure the data disk's fsync rate (the physical limit of every durable figure); start
+every server the chosen workloads and peers need (a fresh `queen serve` on a temporary data
+directory, the do-nothing trio+h11 baseline, Redis with appendfsync always and without
+persistence, single-node etcd), each pinned to the server CPU, and wait until each answers; run
+every (workload, connections, ops per request, system), `--repeat` rounds interleaved, with the
+generator pinned to the generator CPU (the raw-socket generator for Queen and Redis, the Go
+clientv3 loader for etcd); stop each server with SIGTERM by its pid. Then results.json,
+results.md and chart.png go to the out directory and the Markdown is printed. A peer that is not
+installed is reported as such, never skipped in silence. The exit status is 1 when any run saw an
+error, so a script cannot mistake a broken run for a slow one.
 """
 
 from __future__ import annotations
@@ -19,14 +23,20 @@ import sys
 import tempfile
 import time
 
-from bench import report, sysinfo
+from bench import diskprobe, report, sysinfo
 from bench.loadgen import ENGINES, Generator
 from bench.profile import Profiler
-from bench.servers import HOST, ServerProcess, baseline_server, queen_server
-from bench.workloads import KEYS_TOTAL, WORKLOADS, Workload, preload_requests
+from bench.servers import (HOST, ServerProcess, baseline_server, etcd_server, peer_missing, queen_server, redis_call,
+                           redis_server)
+from bench.sessions import redis_setup_commands
+from bench.workloads import FAMILY, KEYS_TOTAL, WORKLOADS, Workload, preload_requests, redis_preload_commands
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_WORKLOADS = "baseline-h11,kv-put,kv-get"
+DEFAULT_WORKLOADS = ("lock-cycle,lock-renew,lock-hot,lock-hot-wait,sem8,sem8-wait,kv-put,kv-get,kv-cas,txn-guarded,"
+                     "baseline-h11")
+QUICK_WORKLOADS = "lock-cycle,lock-hot-wait,kv-put,kv-cas,txn-guarded"
+PEERS = {"redis": ("redis-aof", "redis-mem"), "etcd": ("etcd",)}
+SYSTEM_ORDER = ("queen", "baseline", "redis-aof", "redis-mem", "etcd")
 
 
 def _int_list(text: str) -> list[int]:
@@ -46,16 +56,24 @@ def _cpu_list(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
-        description="Load-test Queen's KV API against a do-nothing trio+h11 ceiling; write results.json and "
-                    "results.md. Run from the repository root.")
+        description="Load-test Queen (locks, semaphores, KV, guarded transactions) side by side with Redis and etcd "
+                    "and a do-nothing trio+h11 ceiling; write results.json, results.md and chart.png. Run from the "
+                    "repository root.")
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run (default 10)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds sent before measuring (default 2)")
-    parser.add_argument("--connections", type=_int_list, default=[16], help="comma list of connection counts (default 16)")
+    parser.add_argument("--connections", type=_int_list, default=[1, 16, 64],
+                        help="comma list of connection counts (default 1,16,64)")
     parser.add_argument("--ops", type=_int_list, default=[1, 64], help="comma list of operations per request (default 1,64)")
     parser.add_argument("--workloads", default=DEFAULT_WORKLOADS,
                         help=f"comma list, run in this order; known: {', '.join(WORKLOADS)} (default {DEFAULT_WORKLOADS})")
+    parser.add_argument("--peers", default="redis,etcd",
+                        help="comma list of peers run beside Queen: redis (appendfsync always, and no persistence), "
+                             "etcd; 'none' for Queen alone (default redis,etcd)")
     parser.add_argument("--out", default=None, help="output directory (default bench/out/<timestamp>)")
-    parser.add_argument("--quick", action="store_true", help="2 s runs after 0.5 s warm-up: checks the harness, not the server")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a smoke check under 60 s: 1 s runs after 0.3 s warm-up, 16 connections, 1 and 64 ops, "
+                             f"workloads {QUICK_WORKLOADS} unless --workloads says otherwise; checks the harness, not "
+                             "the servers")
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds of every run, interleaved; the summary takes the median (default 1)")
     parser.add_argument("--processes", type=int, default=1, help="generator processes, all pinned to the generator CPUs (default 1)")
@@ -71,11 +89,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-parent", default=None,
                         help="directory that holds the temporary data dir (default: the system temp dir); it must be a "
                              "real disk for the durability figures to mean anything")
-    parser.add_argument("--keep-data", action="store_true", help="keep Queen's data dir after the session")
+    parser.add_argument("--keep-data", action="store_true", help="keep the servers' data dirs after the session")
+    parser.add_argument("--no-chart", action="store_true", help="skip chart.png (it needs matplotlib: pip install -e '.[bench]')")
     return parser
 
 
-def plan_runs(args) -> list[tuple[Workload, int, int, bool]]:
+def chosen_systems(args) -> tuple[list[str], dict[str, str]]:
+    """(systems to run, {system: why it cannot run}) for --peers; Queen always runs."""
+    names = [name.strip() for name in args.peers.split(",") if name.strip() and name.strip() != "none"]
+    unknown = [name for name in names if name not in PEERS]
+    if unknown:
+        raise SystemExit(f"bench: unknown peer(s) {', '.join(unknown)}; known: {', '.join(PEERS)}")
+    systems, missing = ["queen"], {}
+    for name in names:
+        for system in PEERS[name]:
+            why = peer_missing(system)
+            if why is None:
+                systems.append(system)
+            else:
+                missing[system] = why
+    return systems, missing
+
+
+def plan_runs(args, systems: list[str]) -> list[tuple[Workload, str, int, int, bool]]:
+    """(workload, system, ops, connections, profiled) in run order: the systems of one shape run
+    next to each other, so a slow minute on a shared host hits them alike."""
     names = [name.strip() for name in args.workloads.split(",") if name.strip()]
     unknown = [name for name in names if name not in WORKLOADS]
     if unknown:
@@ -85,9 +123,11 @@ def plan_runs(args) -> list[tuple[Workload, int, int, bool]]:
         workload = WORKLOADS[name]
         for connections in args.connections:
             for ops in ([workload.fixed_ops] if workload.fixed_ops else args.ops):
-                runs.append((workload, ops, connections, False))
-    if args.profile:
-        runs += [(w, ops, c, True) for w, ops, c, _ in list(runs)]
+                for system in SYSTEM_ORDER:
+                    if (system == "baseline" or system in systems) and FAMILY[system] in workload.drivers:
+                        runs.append((workload, system, ops, connections, False))
+    if args.profile:  # the profiler reads Python stacks: Queen and the baseline only
+        runs += [(w, system, ops, c, True) for w, system, ops, c, _ in list(runs) if system in ("queen", "baseline")]
     return runs
 
 
@@ -101,50 +141,86 @@ def _sleep_until_ns(deadline_ns: int) -> None:
         time.sleep(delay)
 
 
-def preload(server: ServerProcess, keys_total: int) -> None:
-    for request in preload_requests(HOST, server.port, keys_total):
-        status, body = server.post(request)
-        if status != 200 or b'"applied":false' in body:
-            raise RuntimeError(f"preload failed: HTTP {status} {body[:300]!r}")
+def preload(system: str, server: ServerProcess, keys_total: int) -> None:
+    """Every key of the key space written once, so reads find what they ask for."""
+    if FAMILY[system] == "queen":
+        for request in preload_requests(HOST, server.port, keys_total):
+            status, body = server.post(request)
+            if status != 200 or b'"applied":false' in body:
+                raise RuntimeError(f"preload failed: HTTP {status} {body[:300]!r}")
+    elif FAMILY[system] == "redis":
+        commands = redis_preload_commands(keys_total)
+        for start in range(0, len(commands), 500):
+            replies = redis_call(server.port, commands[start:start + 500])
+            if any(reply != b"OK" for reply in replies):
+                raise RuntimeError(f"redis preload failed: {replies[:3]!r}")
+    elif FAMILY[system] == "etcd":
+        from bench.peers.etcd import preload as etcd_preload
+        etcd_preload(server.port, keys_total)
 
 
-def run_one(args, server: ServerProcess, workload: Workload, ops: int, connections: int, profiled: bool,
-            out_dir: str) -> dict:
+_run_counter = 0
+
+
+def run_tag() -> str:
+    """A short tag unique to this run: lock names and CAS keys carry it, so what one run leaves held
+    (a drained run sends no release) never meets the next one."""
+    global _run_counter
+    _run_counter += 1
+    return f"r{os.getpid() % 1000}x{int(time.time()) % 100000}n{_run_counter}"
+
+
+def make_generator(args, system: str, server: ServerProcess, workload: Workload, ops: int, connections: int):
+    if FAMILY[system] == "etcd":
+        from bench.peers.etcd import EtcdLoader
+        return EtcdLoader(HOST, server.port, workload, ops, connections, cpus=args.generator_cpus or None,
+                          keys_total=args.keys, tag=run_tag())
+    return Generator(HOST, server.port, workload, system, ops, connections, processes=args.processes,
+                     engine=args.engine, cpus=args.generator_cpus or None, keys_total=args.keys, tag=run_tag())
+
+
+def run_one(args, system: str, server: ServerProcess, workload: Workload, ops: int, connections: int, profiled: bool,
+            out_dir: str, disk: dict) -> dict:
     duration_s, warmup_s = args.duration, args.warmup
-    generator = Generator(HOST, server.port, workload, ops, connections, processes=args.processes,
-                          engine=args.engine, cpus=args.generator_cpus or None, keys_total=args.keys)
+    generator = make_generator(args, system, server, workload, ops, connections)
     generator.start()
-    is_queen = workload.target == "queen"
+    is_queen = system == "queen"
+    has_metrics = system in ("queen", "etcd")
     _, t_measure, t_end = generator.go(warmup_s, duration_s)
     _sleep_until_ns(t_measure)
     profiler = None
     if profiled:
-        name = f"profile-{workload.name}-{ops}ops-{connections}c.txt"
+        name = f"profile-{system}-{workload.name}-{ops}ops-{connections}c.txt"
         profiler = Profiler(server.pid, duration_s, os.path.join(out_dir, name), args.generator_cpus or None)
         profiler.start()
     pids = {"server": [server.pid], "generator": generator.pids}
     if profiler is not None:
         pids["profiler"] = [profiler.process.pid]
-    metrics_before = server.metrics() if is_queen else {}
+    metrics_before = server.metrics() if has_metrics else {}
     cpu_before = sysinfo.CpuSample(pids, split_pid=server.pid)
     _sleep_until_ns(t_end)
     cpu_after = sysinfo.CpuSample(pids, split_pid=server.pid)
-    metrics_after = server.metrics() if is_queen else {}
+    metrics_after = server.metrics() if has_metrics else {}
     tally = generator.finish()
     cpu = cpu_after.since(cpu_before)
     if server.process.poll() is not None:
         tally.error("server_died", f"{server.name} exited with {server.process.returncode} during the run")
     wall_s = duration_s  # the window the generator counted in; cpu["wall_s"] is the sampler's view of it
+    units_per_s = {unit: round(count / wall_s, 1) for unit, count in sorted(tally.units.items())}
     run = {
         "workload": workload.name,
-        "target": workload.target,
+        "system": system,
+        "target": system,
         "description": workload.description,
+        "unit": workload.unit,
         "ops": ops,
         "connections": connections,
         "profiled": profiled,
         "requests": tally.completed,
         "requests_per_s": round(tally.completed / wall_s, 1),
-        "ops_per_s": round(tally.completed * ops / wall_s, 1),
+        "rate_per_s": units_per_s.get(workload.unit, 0.0),
+        "units_per_s": units_per_s,
+        "ops_per_s": units_per_s.get(workload.unit, 0.0),
         "latency": tally.histogram.summary_us(),
         "histogram": tally.histogram.to_wire(),
         "errors": tally.errors,
@@ -154,12 +230,15 @@ def run_one(args, server: ServerProcess, workload: Workload, ops: int, connectio
         "mib_received_per_s": round(tally.bytes_received / (1 << 20) / (wall_s + warmup_s), 2),
         "cpu": cpu,
         "wal": report.wal_figures(metrics_before, metrics_after, cpu["wall_s"]) if is_queen else None,
+        "fsync": report.fsync_figures(system, metrics_before, metrics_after, cpu["wall_s"], disk),
+        "durable": system in report.DURABLE_SYSTEMS,
     }
     run["generator_us_per_request"] = (round(cpu["processes_pct_of_core"]["generator"] / 100 / run["requests_per_s"] * 1e6, 1)
                                        if run["requests_per_s"] else None)
     run["server_us_per_request"] = (round(cpu["processes_pct_of_core"]["server"] / 100 / run["requests_per_s"] * 1e6, 1)
                                     if run["requests_per_s"] else None)
-    run["bottleneck"] = report.bottleneck(cpu, len(args.server_cpus) or os.cpu_count(), len(args.generator_cpus) or os.cpu_count())
+    run["bottleneck"] = report.bottleneck(cpu, len(args.server_cpus) or os.cpu_count(),
+                                          len(args.generator_cpus) or os.cpu_count(), run["fsync"], run["durable"])
     if profiler is not None:
         run["profile"] = profiler.finish()
     return run
@@ -168,18 +247,28 @@ def run_one(args, server: ServerProcess, workload: Workload, ops: int, connectio
 def start_servers(targets: list[str], args, out_dir: str, data_parent: str) -> tuple[dict, dict]:
     """Every server the session needs, started and healthy: ({target: server}, {target: data dir})."""
     servers, data_dirs = {}, {}
+    cpus = args.server_cpus or None
     try:
         for target in targets:
             log_path = os.path.join(out_dir, f"server-{target}.log")
+            if target != "baseline":
+                data_dirs[target] = tempfile.mkdtemp(prefix=f"{target}-bench-", dir=data_parent)
             if target == "queen":
-                data_dirs[target] = tempfile.mkdtemp(prefix="queen-bench-", dir=data_parent)
-                server = queen_server(data_dirs[target], log_path, args.server_cpus or None, REPO_ROOT)
+                server = queen_server(data_dirs[target], log_path, cpus, REPO_ROOT)
+            elif target == "baseline":
+                server = baseline_server(log_path, cpus, REPO_ROOT)
+            elif target.startswith("redis"):
+                server = redis_server(target, data_dirs[target], log_path, cpus)
             else:
-                server = baseline_server(log_path, args.server_cpus or None, REPO_ROOT)
+                server = etcd_server(data_dirs[target], log_path, cpus)
             servers[target] = server
             _say(f"starting {server.name} on {HOST}:{server.port}"
                  + (f", data dir {data_dirs[target]}" if target in data_dirs else ""))
             server.start()
+            if FAMILY[target] == "redis":
+                replies = redis_call(server.port, redis_setup_commands())
+                if any(not isinstance(reply, bytes) for reply in replies):
+                    raise RuntimeError(f"{target}: SCRIPT LOAD failed: {replies!r}")
     except BaseException:
         stop_servers(servers, data_dirs, args, {"servers": [], "notes": []})
         raise
@@ -200,24 +289,39 @@ def stop_servers(servers: dict, data_dirs: dict, args, document: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.quick:
-        args.duration, args.warmup = 2.0, 0.5
-    runs = plan_runs(args)
+        args.duration, args.warmup = 1.0, 0.3
+        explicit = set(argv if argv is not None else sys.argv[1:])
+        if "--workloads" not in explicit:
+            args.workloads = QUICK_WORKLOADS
+        if "--connections" not in explicit:
+            args.connections = [16]
+    systems, missing = chosen_systems(args)
+    for system, why in missing.items():
+        _say(f"{system}: {why}")
+    runs = plan_runs(args, systems)
     started = datetime.datetime.now()
     out_dir = args.out or os.path.join(REPO_ROOT, "bench", "out", started.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out_dir, exist_ok=True)
     if args.generator_cpus:
         os.sched_setaffinity(0, args.generator_cpus)  # this process only waits, but keep it off the server's core
     data_parent = args.data_parent or tempfile.gettempdir()
+    _say(f"measuring the data disk's fsync rate under {data_parent}")
+    disk = diskprobe.fsync_rate(data_parent, 0.5 if args.quick else 2.0)
+    _say(f"  {disk['fsyncs_per_s']:,.0f} fsyncs/s (4 KiB write + fdatasync), mean {disk['mean_us']} us")
     document = {
         "started_at": started.isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.executable), "-m", "bench"] + (argv if argv is not None else sys.argv[1:])),
-        "machine": sysinfo.machine(data_parent),
+        "machine": dict(sysinfo.machine(data_parent), disk_fsync=disk),
         "settings": {"duration_s": args.duration, "warmup_s": args.warmup, "repeat": args.repeat,
                      "engine": args.engine, "processes": args.processes, "server_cpus": args.server_cpus,
                      "generator_cpus": args.generator_cpus, "keys_total": args.keys,
-                     "wait_quiet_s": args.wait_quiet},
+                     "wait_quiet_s": args.wait_quiet, "connections": args.connections, "ops": args.ops,
+                     "workloads": args.workloads, "peers": args.peers},
+        "systems": systems,
+        "peers_missing": missing,
         "runs": [],
         "servers": [],
         "notes": [],
@@ -225,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     if document["machine"].get("data_dir_filesystem") in ("tmpfs", "ramfs"):
         document["notes"].append(f"the data dir is on {document['machine']['data_dir_filesystem']}: fsync is free there, "
                                  "so durable-write figures are not meaningful")
-    targets = list(dict.fromkeys(workload.target for workload, *_ in runs))
+    targets = [system for system in SYSTEM_ORDER if any(run[1] == system for run in runs)]
     # Every server stays up for the whole session (an idle one costs nothing), so the rounds can
     # interleave the workloads: a slow minute on a shared host then spreads over all of them
     # instead of landing on one.
@@ -233,36 +337,37 @@ def main(argv: list[str] | None = None) -> int:
     preloaded = set()
     try:
         for round_index in range(args.repeat):
-            for workload, ops, connections, profiled in runs:
+            for workload, system, ops, connections, profiled in runs:
                 if profiled and round_index:
                     continue  # one profile per workload is enough
-                server = servers[workload.target]
-                if workload.preload and workload.target not in preloaded:
-                    _say(f"preloading {args.keys} keys")
-                    preload(server, args.keys)
-                    preloaded.add(workload.target)
+                server = servers[system]
+                if workload.preload and system not in preloaded:
+                    _say(f"preloading {args.keys} keys into {system}")
+                    preload(system, server, args.keys)
+                    preloaded.add(system)
                 quiet = None
                 if args.wait_quiet > 0:
                     quiet, waited_s = sysinfo.wait_quiet(15.0, args.wait_quiet)
                     if waited_s >= 1 or not quiet:
                         _say(f"waited {waited_s} s for a quiet machine" + ("" if quiet else ": still busy, running anyway"))
-                _say(f"round {round_index + 1}/{args.repeat} {workload.name} ops={ops} connections={connections}"
+                _say(f"round {round_index + 1}/{args.repeat} {system} {workload.name} ops={ops} connections={connections}"
                      f"{' profiled' if profiled else ''}: {args.warmup} s warm-up + {args.duration} s")
                 try:
-                    run = run_one(args, server, workload, ops, connections, profiled, out_dir)
+                    run = run_one(args, system, server, workload, ops, connections, profiled, out_dir, disk)
                 except RuntimeError as error:  # a generator process failed: say so, keep the rest
                     _say(f"  RUN FAILED: {error}")
-                    document["notes"].append(f"{workload.name} ops={ops} connections={connections} "
+                    document["notes"].append(f"{system} {workload.name} ops={ops} connections={connections} "
                                              f"round {round_index + 1} failed: {error}")
                     document["failed_runs"] = document.get("failed_runs", 0) + 1
                     continue
                 run["round"] = round_index + 1
                 run["started_quiet"] = quiet
                 errors = sum(run["errors"].values())
-                _say(f"  {run['requests_per_s']:,.0f} req/s {run['ops_per_s']:,.0f} ops/s "
+                extra = " ".join(f"{unit} {rate:,.0f}/s" for unit, rate in run["units_per_s"].items() if unit != workload.unit)
+                _say(f"  {run['requests_per_s']:,.0f} req/s {run['rate_per_s']:,.0f} {workload.unit}/s {extra} "
                      f"p50 {run['latency']['p50_us']} us p99 {run['latency']['p99_us']} us; "
                      f"server {run['cpu']['processes_pct_of_core']['server']}% generator "
-                     f"{run['cpu']['processes_pct_of_core']['generator']}% of a core; errors {errors}")
+                     f"{run['cpu']['processes_pct_of_core']['generator']}% of a core; {run['bottleneck']}; errors {errors}")
                 document["runs"].append(run)
     finally:
         stop_servers(servers, data_dirs, args, document)
@@ -272,15 +377,25 @@ def main(argv: list[str] | None = None) -> int:
         document["notes"].append(f"{len(failed)} run(s) had errors or unanswered requests: their figures are not valid")
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(document, f, indent=1)
+    if not args.no_chart:
+        try:
+            from bench import chart
+            chart.render(document, os.path.join(out_dir, "chart.png"))
+            document["chart"] = "chart.png"
+        except ImportError as error:
+            document["notes"].append(f"no chart: {error} (pip install -e '.[bench]' brings matplotlib)")
+        with open(os.path.join(out_dir, "results.json"), "w") as f:
+            json.dump(document, f, indent=1)
     text = report.markdown(document)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(text)
     print(text)
-    _say(f"wrote {os.path.join(out_dir, 'results.json')} and results.md")
+    _say(f"wrote {os.path.join(out_dir, 'results.json')}, results.md" + (" and chart.png" if document.get("chart") else ""))
     if failed or document.get("failed_runs"):
         banner = "!" * 72
         _say(f"\n{banner}\nERRORS in {len(failed)} run(s): " + "; ".join(
-            f"{run['workload']} ops={run['ops']}: {run['errors']} undrained={run['undrained']}" for run in failed)
+            f"{run['system']} {run['workload']} ops={run['ops']} c={run['connections']}: {run['errors']} "
+            f"undrained={run['undrained']}" for run in failed)
             + (f"; {document['failed_runs']} run(s) failed outright" if document.get("failed_runs") else "")
             + f"\n{banner}")
         return 1

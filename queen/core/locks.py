@@ -176,29 +176,35 @@ class LockTable:
 
     def acquire(self, op: LockOp, now_ms: int, effects: list) -> dict:
         kv = self.kv
-        if op.name in self.waiters:
+        name = op.name
+        if name in self.waiters:
             # A permit may have expired since the last tick: it belongs to the oldest waiter.
-            self.serve_waiters(op.name, now_ms, effects)
-        rows = self._rows(op.name, op.limit, now_ms)
-        if op.owner is not None:
+            self.serve_waiters(name, now_ms, effects)
+        keys = [f"{name}#{slot}" for slot in range(op.limit)]
+        live_row = kv.live_row
+        rows = [live_row(LOCKS_NS, key, now_ms) for key in keys]
+        owner = op.owner
+        if owner is not None:
             for slot, row in enumerate(rows):
-                if row is not None and row.value == op.owner:
+                if row is not None and row.value == owner:
                     kv.observe(row)
-                    return self._granted(op, slot, row, already=True)
-        queue = self.waiters.get(op.name)
-        if not queue:  # first come first served: a free permit belongs to the oldest waiter
+                    return self._granted(name, slot, keys[slot], row, already=True)
+        if name not in self.waiters:  # first come first served: a free permit belongs to the oldest waiter
             for slot, row in enumerate(rows):
                 if row is None:
-                    row = kv.write(LOCKS_NS, permit_key(op.name, slot), op.owner, op.ttl_ms, None, now_ms, effects)
-                    return self._granted(op, slot, row)
+                    row = kv.write(LOCKS_NS, keys[slot], owner, op.ttl_ms, None, now_ms, effects)
+                    return self._granted(name, slot, keys[slot], row)
         for row in rows:
             kv.observe(row)
-        return {"name": op.name, "acquired": False, "reason": "held",
+        return {"name": name, "acquired": False, "reason": "held",
                 "holders": [holder(slot, row) for slot, row in enumerate(rows) if row is not None]}
 
-    def _granted(self, op: LockOp, slot: int, row: Row, already: bool = False) -> dict:
-        result = {"name": op.name, "acquired": True, "slot": slot, "token": row.version, "fence": row.create_version,
-                  "owner": row.value, "expiresAt": row.expires_at_ms, "guard": guard(op.name, slot, row.version)}
+    @staticmethod
+    def _granted(name: str, slot: int, key: str, row: Row, already: bool = False) -> dict:
+        version = row.version
+        result = {"name": name, "acquired": True, "slot": slot, "token": version, "fence": row.create_version,
+                  "owner": row.value, "expiresAt": row.expires_at_ms,
+                  "guard": {"op": "check", "ns": LOCKS_NS, "key": key, "expect": version, "required": True}}
         if already:
             result["already"] = True
         return result
@@ -237,8 +243,9 @@ class LockTable:
             if free is None:
                 break
             queue.popleft()
-            row = kv.write(LOCKS_NS, permit_key(name, free), waiter.op.owner, waiter.op.ttl_ms, None, now_ms, effects)
-            self.resolved.append((waiter.ticket, self._granted(waiter.op, free, row), row.version))
+            key = permit_key(name, free)
+            row = kv.write(LOCKS_NS, key, waiter.op.owner, waiter.op.ttl_ms, None, now_ms, effects)
+            self.resolved.append((waiter.ticket, self._granted(name, free, key, row), row.version))
         if queue is not None and not queue:
             del self.waiters[name]
 
