@@ -157,14 +157,18 @@ async def run_inline(fn, *args):
 
 class open_server:
     """`async with open_server(data_dir, **config) as server:` a whole Queen on 127.0.0.1:<free>,
-    in this trio run, disk work inline. `server.port` is bound; leaving the block shuts it down."""
+    in this trio run. `server.port` is bound; leaving the block shuts it down."""
 
-    def __init__(self, data_dir: str, *, disk: Disk | None = None, wall_at_start_ms: int | None = None, **config):
+    def __init__(self, data_dir: str, *, disk: Disk | None = None, wall_at_start_ms: int | None = None,
+                 disk_inline: bool = True, **config):
+        """disk_inline=False keeps the production disk thread: for tests of what happens while a
+        write is under way, paired with a frozen MockClock rather than autojump."""
         from queen.config import Config
         from queen.runtime.server import Server
 
         self.server = Server(Config(host="127.0.0.1", port=0, data_dir=str(data_dir), **config),
-                             disk=disk, wall_at_start_ms=wall_at_start_ms, run_blocking=run_inline)
+                             disk=disk, wall_at_start_ms=wall_at_start_ms,
+                             run_blocking=run_inline if disk_inline else None)
 
     async def __aenter__(self):
         import trio
