@@ -1,0 +1,220 @@
+"""A small HTTP/1.1 client on h11 over anyio, so one implementation runs under asyncio and Trio.
+
+Owns: a pool of keep-alive connections to one server (at most `connections_max` open at once, so
+callers queue rather than open sockets without bound), one request/response cycle per borrowed
+connection, and the retry policy (`Transport.call`): transport errors and 503 are retried with
+capped, jittered exponential backoff only when the caller says the call is safe to repeat.
+
+Never: follows redirects, speaks anything but JSON to Queen, or retries a call it was not told is
+safe. A connection whose cycle was interrupted (error, timeout, cancellation) is closed, never
+reused, since its next answer could belong to the interrupted request.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import ssl
+from urllib.parse import urlsplit
+
+import anyio
+import anyio.abc
+import h11
+import orjson
+
+from queen.client.errors import ApiError, RequestTimeout, TransportError, UnavailableError, from_response
+
+RECEIVE_BYTES = 65536
+# Backoff between retries: from 50 ms doubling to 2 s, full jitter, so a crowd of clients that
+# lost the server at once does not come back in step.
+BACKOFF_FIRST_S = 0.05
+BACKOFF_MAX_S = 2.0
+# 503 codes the server answers before reading or applying anything: repeating any call is safe.
+NOTHING_APPLIED_503 = frozenset({"too_many_connections"})
+
+
+def backoff_s(attempt: int) -> float:
+    return random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_FIRST_S * (2 ** attempt)))
+
+
+class _Connection:
+    __slots__ = ("stream", "h11")
+
+    def __init__(self, stream: anyio.abc.ByteStream):
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT)
+
+    def looks_closed(self) -> bool:
+        """Whether the server already hung up on this idle connection (its idle timeout): a peek
+        that finds end-of-stream. Cheap, and it saves a write into a dead socket."""
+        try:
+            raw = self.stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        except (anyio.TypedAttributeLookupError, AttributeError):
+            return False
+        # asyncio hands out a wrapper without recv(): peek through a socket object on the same
+        # descriptor, detached afterwards so it never closes it.
+        peek = socket.socket(fileno=raw.fileno())
+        try:
+            return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+        finally:
+            peek.detach()
+
+
+class Transport:
+    """Keep-alive connections to one base URL. Create it anywhere; use it from one event loop."""
+
+    def __init__(self, base_url: str, *, connections_max: int = 16, timeout_s: float = 10.0,
+                 retries_max: int = 5, ssl_context: ssl.SSLContext | None = None):
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"the base URL must look like http://host:port, not {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.prefix = parts.path.rstrip("/")
+        self.tls = parts.scheme == "https"
+        self.ssl_context = ssl_context
+        self.host_header = parts.netloc.encode()
+        self.timeout_s = timeout_s
+        self.retries_max = retries_max
+        self.connections_max = connections_max
+        self._slots = anyio.Semaphore(connections_max)
+        self._idle: list[_Connection] = []
+        self.requests = 0  # statistics
+        self.retries = 0
+
+    # -- one cycle ---------------------------------------------------------------------------------
+
+    async def _open(self) -> _Connection:
+        try:
+            stream = await anyio.connect_tcp(self.host, self.port, tls=self.tls, ssl_context=self.ssl_context)
+        except OSError as error:
+            raise TransportError(f"cannot connect to {self.base_url}: {error}") from error
+        return _Connection(stream)
+
+    async def request(self, method: str, path: str, body: bytes | None = None,
+                      timeout_s: float | None = None) -> tuple[int, dict, bytes]:
+        """One request on a pooled connection: (status, lower-cased headers, body)."""
+        async with self._slots:
+            connection = None
+            while self._idle:
+                candidate = self._idle.pop()
+                if candidate.looks_closed():
+                    await _close(candidate)
+                    continue
+                connection = candidate
+                break
+            self.requests += 1
+            try:
+                with anyio.fail_after(self.timeout_s if timeout_s is None else timeout_s):
+                    if connection is None:
+                        connection = await self._open()
+                    status, headers, data, reusable = await self._cycle(connection, method, path, body)
+            except TimeoutError:
+                if connection is not None:
+                    await _close(connection)
+                raise RequestTimeout(f"{method} {path}: no answer from {self.base_url} in time") from None
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
+                    h11.ProtocolError) as error:
+                if connection is not None:
+                    await _close(connection)
+                raise TransportError(f"{method} {path}: connection to {self.base_url} failed: {error!r}") from error
+            except BaseException:  # cancelled mid-cycle: the connection's state is unknown
+                if connection is not None:
+                    await _close(connection)
+                raise
+            if reusable:
+                self._idle.append(connection)
+            else:
+                await _close(connection)
+            return status, headers, data
+
+    async def _cycle(self, connection: _Connection, method: str, path: str, body: bytes | None):
+        conn = connection.h11
+        data = body or b""
+        headers = [("host", self.host_header), ("content-length", str(len(data)))]
+        if body is not None:
+            headers.append(("content-type", "application/json"))
+        out = conn.send(h11.Request(method=method, target=self.prefix + path, headers=headers))
+        out += conn.send(h11.Data(data=data)) if data else b""
+        out += conn.send(h11.EndOfMessage())
+        await connection.stream.send(out)
+        status, response_headers, parts = 0, {}, []
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                try:
+                    chunk = await connection.stream.receive(RECEIVE_BYTES)
+                except anyio.EndOfStream:
+                    chunk = b""
+                conn.receive_data(chunk)
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+                response_headers = {name.decode().lower(): value.decode("latin-1") for name, value in event.headers}
+            elif isinstance(event, h11.Data):
+                parts.append(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                break
+            elif isinstance(event, h11.ConnectionClosed):
+                raise anyio.EndOfStream()
+        reusable = conn.our_state is h11.DONE and conn.their_state is h11.DONE
+        if reusable:
+            conn.start_next_cycle()
+        return status, response_headers, b"".join(parts), reusable
+
+    # -- calls with the retry policy ---------------------------------------------------------------
+
+    async def call(self, method: str, path: str, document=None, *, safe: bool,
+                   timeout_s: float | None = None, deadline: float | None = None):
+        """The decoded JSON answer of a 2xx, or an exception of the ClientError family.
+
+        safe: the call may be sent again with the same effect (a read, or a lock call carrying an
+        owner); only then are transport errors and 503 retried. deadline: on the event loop's
+        clock, no retry starts after it (the caller usually also wraps the call in a cancel scope)."""
+        body = None if document is None else orjson.dumps(document)
+        attempt = 0
+        while True:
+            try:
+                status, headers, data = await self.request(method, path, body, timeout_s)
+            except TransportError:
+                if not safe or not self._may_retry(attempt, deadline, 0.0):
+                    raise
+                await self._pause(attempt, deadline, 0.0)
+                attempt += 1
+                continue
+            if 200 <= status < 300:
+                return orjson.loads(data) if data else None
+            error: ApiError = from_response(status, data, headers.get("retry-after"))
+            if isinstance(error, UnavailableError) and (safe or error.code in NOTHING_APPLIED_503):
+                hint = min(error.retry_after_s or 0.0, BACKOFF_MAX_S)
+                if self._may_retry(attempt, deadline, hint):
+                    await self._pause(attempt, deadline, hint)
+                    attempt += 1
+                    continue
+            raise error
+
+    def _may_retry(self, attempt: int, deadline: float | None, hint_s: float) -> bool:
+        if deadline is not None:
+            return anyio.current_time() + hint_s < deadline
+        return attempt < self.retries_max
+
+    async def _pause(self, attempt: int, deadline: float | None, hint_s: float) -> None:
+        self.retries += 1
+        delay = max(hint_s, backoff_s(attempt))
+        if deadline is not None:
+            delay = max(0.0, min(delay, deadline - anyio.current_time()))
+        await anyio.sleep(delay)
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await _close(connection)
+
+
+async def _close(connection: _Connection) -> None:
+    with anyio.CancelScope(shield=True):
+        await anyio.aclose_forcefully(connection.stream)

@@ -1,0 +1,105 @@
+"""`queen.Client`: the async client, for asyncio and Trio alike (anyio picks the running one).
+
+    async with queen.Client() as client:          # QUEEN_URL, or http://127.0.0.1:6632
+        async with client.lock("nightly-report", ttl="30s").hold(wait="10s"):
+            ...
+
+Owns: the transport (keep-alive connections), `kv`, `locks`, the handles it made, and a task
+group in which handles renew in the background. Leaving `async with` releases every permit still
+held and closes the connections. Without `async with`, KV calls and handles with
+`auto_renew=False` work; call `aclose()` when done.
+"""
+
+from __future__ import annotations
+
+import os
+
+import anyio
+import anyio.abc
+
+from queen.client._http import Transport
+from queen.client.kv import Kv
+from queen.client.locks import Lock, Locks, Semaphore
+from queen.client.txn import Transaction
+
+DEFAULT_URL = "http://127.0.0.1:6632"
+
+
+def default_url() -> str:
+    return os.environ.get("QUEEN_URL") or DEFAULT_URL
+
+
+class Client:
+    def __init__(self, url: str | None = None, *, connections_max: int = 16, timeout_s: float = 10.0,
+                 retries_max: int = 5):
+        """connections_max: open connections at most (more concurrent calls queue);
+        timeout_s: per request attempt; retries_max: attempts after the first, for calls safe to
+        repeat."""
+        self.url = url or default_url()
+        self._transport = Transport(self.url, connections_max=connections_max, timeout_s=timeout_s,
+                                    retries_max=retries_max)
+        self.kv = Kv(self._transport)
+        self.locks = Locks(self)
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._held: dict[int, Lock] = {}
+
+    def __repr__(self) -> str:
+        return f"<queen.Client {self.url}>"
+
+    async def __aenter__(self) -> Client:
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        return self
+
+    async def __aexit__(self, *exc_info) -> bool:
+        task_group, self._task_group = self._task_group, None
+        try:
+            for lock in list(self._held.values()):
+                await lock._release_quietly()
+            task_group.cancel_scope.cancel()
+        finally:
+            # The body's own exception is not passed in: it propagates as it is, never wrapped in
+            # an ExceptionGroup with our renewers (which never raise).
+            await task_group.__aexit__(None, None, None)
+            await self._transport.aclose()
+        return False
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+    # -- handles -----------------------------------------------------------------------------------
+
+    def lock(self, name: str, *, ttl, owner: str | None = None, auto_renew: bool = True) -> Lock:
+        """A handle on lock `name` with lifetime `ttl` ("30s", a timedelta or seconds)."""
+        return Lock(self, name, ttl=ttl, owner=owner, auto_renew=auto_renew)
+
+    def semaphore(self, name: str, n: int, *, ttl, owner: str | None = None, auto_renew: bool = True) -> Semaphore:
+        """A handle on one of the `n` permits of `name`. Every holder of one name passes the same n."""
+        return Semaphore(self, name, n, ttl=ttl, owner=owner, auto_renew=auto_renew)
+
+    def transaction(self) -> Transaction:
+        return Transaction(self._transport)
+
+    def statistics(self) -> dict:
+        transport = self._transport
+        return {"requests": transport.requests, "retries": transport.retries, "held": len(self._held),
+                "idle_connections": len(transport._idle)}
+
+    # -- for the handles -------------------------------------------------------------------------
+
+    def _require_task_group(self) -> None:
+        if self._task_group is None:
+            raise RuntimeError("locks renew in the background, in the client's task group: use "
+                               "`async with queen.Client() as client:`, or make the handle with "
+                               "auto_renew=False and call keep_alive() in your loop")
+
+    def _start(self, fn, *args) -> None:
+        self._require_task_group()
+        self._task_group.start_soon(fn, *args)
+
+    def _remember(self, lock: Lock) -> None:
+        self._held[id(lock)] = lock
+
+    def _forget(self, lock: Lock) -> None:
+        self._held.pop(id(lock), None)

@@ -1,0 +1,96 @@
+"""The exceptions the SDK raises: one family, `ClientError`, translated from the wire in one place
+(`from_response`).
+
+Normal outcomes are results, never exceptions: a held lock is `acquired=False`, a missed `expect`
+is `applied=False` with a `reason`. Exceptions are for calls that could not be made or were
+refused (`ApiError`, carrying the server's snake_case `code`), and for the structured forms of a
+lock (`LockLost` out of `hold()`, `LockNotAcquired` when `hold()` could not start the block).
+"""
+
+from __future__ import annotations
+
+import orjson
+
+
+class ClientError(Exception):
+    """Everything the SDK raises on purpose derives from this."""
+
+
+class TransportError(ClientError):
+    """The server could not be reached, or the connection broke before a whole answer arrived.
+    The call may or may not have been applied."""
+
+
+class RequestTimeout(TransportError):
+    """No whole answer within the call's timeout. The call may or may not have been applied."""
+
+
+class ApiError(ClientError):
+    """The server answered with its error document: `code` (snake_case), `message`, `details`,
+    and the HTTP `status`."""
+
+    def __init__(self, status: int, code: str, message: str, details: dict | None = None):
+        super().__init__(f"{code}: {message} (HTTP {status})")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details or {}
+
+
+class BadRequestError(ApiError):
+    """400/413/431 and the like: the call was rejected whole, nothing of it was applied. Sending it
+    again will not help."""
+
+
+class UnavailableError(ApiError):
+    """503: the server cannot make writes durable, is shutting down, or is at its connection limit.
+    `retry_after_s` is the server's hint."""
+
+    def __init__(self, status, code, message, details=None, retry_after_s: float | None = None):
+        super().__init__(status, code, message, details)
+        self.retry_after_s = retry_after_s
+
+
+class LockLost(ClientError):
+    """The lock stopped being ours while a `hold()` block ran, and the block was cancelled.
+    `reason` is "renew" (the broker said so), "expired" (the lifetime passed on our own clock
+    without a renewal getting through) or "guard" (a guarded transaction found another holder)."""
+
+    def __init__(self, name: str | None = None, reason: str | None = None):
+        super().__init__(f"lost the lock {name!r}: {reason}" if name is not None else "lost the lock")
+        self.name = name
+        self.reason = reason
+
+
+class LockNotAcquired(ClientError):
+    """`hold()` could not take the lock, so its block did not run. `reason` is the broker's
+    ("held", or "timeout" after a wait) and `holders` who has it."""
+
+    def __init__(self, name: str, reason: str, holders: list | None = None):
+        super().__init__(f"lock {name!r} not acquired: {reason}")
+        self.name = name
+        self.reason = reason
+        self.holders = holders or []
+
+
+def from_response(status: int, body: bytes, retry_after: str | None = None) -> ApiError:
+    """The one translation from an HTTP error answer to an exception."""
+    code, message, details = f"http_{status}", body[:200].decode(errors="replace"), {}
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        document = None
+    if isinstance(document, dict) and isinstance(document.get("error"), dict):
+        error = document["error"]
+        code = str(error.get("code", code))
+        message = str(error.get("message", message))
+        details = error.get("details") or {}
+    if status == 503:
+        try:
+            retry_after_s = float(retry_after) if retry_after is not None else None
+        except ValueError:
+            retry_after_s = None
+        return UnavailableError(status, code, message, details, retry_after_s)
+    if 400 <= status < 500:
+        return BadRequestError(status, code, message, details)
+    return ApiError(status, code, message, details)
