@@ -39,7 +39,89 @@ def build_parser() -> argparse.ArgumentParser:
         serve.add_argument(_flag(name), dest=name, default=None, metavar=metavar,
                            type={"int": int, "float": float}.get(kind, str),
                            help=f"{help_text} [env {_env_name(name)}] (default: {default})")
+    _add_client_commands(commands)
     return parser
+
+
+def _add_client_commands(commands) -> None:
+    """`queen kv ...`, `queen lock ...` and `queen run-locked`: the SDK from the shell. Their code is
+    in queen/client/commands.py, imported only when one of them runs."""
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument("--url", default=None, metavar="URL",
+                        help="the broker [env QUEEN_URL] (default: http://127.0.0.1:6632)")
+    client.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS", help="per request (default: 10)")
+    client.add_argument("--json", action="store_true", help="print the answer as JSON instead of for people")
+    lifetime = argparse.ArgumentParser(add_help=False)
+    choice = lifetime.add_mutually_exclusive_group(required=True)
+    choice.add_argument("--ttl", metavar="DURATION", help="lifetime of the write: 30s, 5m, 2h, 7d or seconds")
+    choice.add_argument("--forever", action="store_true", help="the write never expires")
+
+    kv = commands.add_parser("kv", help="read and write KV keys", description="Read and write KV keys. "
+                             "Exit status: 0 done, 1 not found / not applied, 65 rejected, 69 unreachable.")
+    kv_actions = kv.add_subparsers(dest="action", metavar="ACTION", required=True)
+    get = kv_actions.add_parser("get", parents=[client], help="print a key's value")
+    get.add_argument("ns")
+    get.add_argument("key")
+    put = kv_actions.add_parser("put", parents=[client, lifetime], help="write a key")
+    put.add_argument("ns")
+    put.add_argument("key")
+    put.add_argument("value", help="JSON, or any other text as a string; - reads stdin")
+    put.add_argument("--string", action="store_true", help="store VALUE as a string even if it parses as JSON")
+    put.add_argument("--expect", type=int, metavar="VERSION", help="only if the key's version is this (0 = absent)")
+    put.add_argument("--if-absent", action="store_true", help="only if the key does not exist")
+    delete = kv_actions.add_parser("delete", parents=[client], help="delete a key")
+    delete.add_argument("ns")
+    delete.add_argument("key")
+    delete.add_argument("--expect", type=int, metavar="VERSION", help="only if the key's version is this")
+    incr = kv_actions.add_parser("incr", parents=[client, lifetime], help="add to a counter, within bounds")
+    incr.add_argument("ns")
+    incr.add_argument("key")
+    incr.add_argument("--by", type=int, default=1, metavar="N")
+    incr.add_argument("--max", type=int, metavar="N", help="do not go above")
+    incr.add_argument("--min", type=int, metavar="N", help="do not go below")
+    listing = kv_actions.add_parser("list", parents=[client], help="list keys by prefix (--json: one object a line)")
+    listing.add_argument("ns")
+    listing.add_argument("--prefix", default="")
+    listing.add_argument("--limit", type=int, metavar="N", help="stop after N keys")
+
+    lock = commands.add_parser("lock", help="acquire, renew, release and inspect locks",
+                               description="One lock call each. Exit status: 0 done, 1 lost / not released, "
+                                           "75 held by somebody else, 65 rejected, 69 unreachable.")
+    lock_actions = lock.add_subparsers(dest="action", metavar="ACTION", required=True)
+    acquire = lock_actions.add_parser("acquire", parents=[client], help="take a lock (exit 75 if held)")
+    acquire.add_argument("name")
+    acquire.add_argument("--ttl", required=True, metavar="DURATION")
+    acquire.add_argument("--wait", metavar="DURATION", help="wait up to this long (at most 60s) for a permit")
+    acquire.add_argument("--owner", help="who holds it (default: host:pid:random)")
+    acquire.add_argument("--limit", type=int, default=1, metavar="N", help="permits, for a semaphore")
+    for action, helptext in (("renew", "extend a lease (prints the new token)"), ("release", "give a permit back")):
+        sub = lock_actions.add_parser(action, parents=[client], help=helptext)
+        sub.add_argument("name")
+        sub.add_argument("--token", type=int, required=True, help="the token of the last answer")
+        sub.add_argument("--slot", type=int, default=0)
+        sub.add_argument("--owner")
+        if action == "renew":
+            sub.add_argument("--ttl", required=True, metavar="DURATION")
+    status = lock_actions.add_parser("status", parents=[client], help="who holds a lock: since, renewed, expires")
+    status.add_argument("name")
+    every = lock_actions.add_parser("list", parents=[client], help="every held permit (--json: one object a line)")
+    every.add_argument("--prefix", default="")
+
+    run_locked = commands.add_parser(
+        "run-locked", parents=[client], usage="queen run-locked NAME --ttl DURATION [--wait DURATION] -- CMD [ARGS...]",
+        help="run a command only while holding a lock (flock(1) across machines)",
+        description="Run CMD only while holding the lock NAME, renewing it in the background. CMD gets "
+                    "QUEEN_LOCK_TOKEN, QUEEN_LOCK_FENCE, QUEEN_LOCK_SLOT, QUEEN_LOCK_NAME and QUEEN_LOCK_OWNER. "
+                    "If the lock is lost, CMD gets SIGTERM, then SIGKILL after --grace. SIGTERM, SIGINT and "
+                    "SIGHUP are passed on to CMD. Exits with CMD's status (128+N if killed by signal N; never 0 "
+                    "when the lock was lost under it), 75 when somebody else holds the lock, 69 when the broker "
+                    "cannot be reached.")
+    run_locked.add_argument("name")
+    run_locked.add_argument("--ttl", required=True, metavar="DURATION", help="the lease; renewed every third of it")
+    run_locked.add_argument("--wait", metavar="DURATION", help="wait up to this long for the lock (default: do not wait)")
+    run_locked.add_argument("--owner", help="who holds it (default: host:pid:random)")
+    run_locked.add_argument("--limit", type=int, default=1, metavar="N", help="permits, for a semaphore")
+    run_locked.add_argument("--grace", default="10s", metavar="DURATION", help="between SIGTERM and SIGKILL (default: 10s)")
 
 
 def resolve_config(args: argparse.Namespace, environ=os.environ) -> Config:
@@ -59,9 +141,20 @@ def resolve_config(args: argparse.Namespace, environ=os.environ) -> Config:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd = []
+    if argv[:1] == ["run-locked"] and "--" in argv:
+        # Everything after `--` is the command, untouched by our option parsing.
+        cut = argv.index("--")
+        argv, cmd = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(resolve_config(args))
+    if args.command in ("kv", "lock", "run-locked"):
+        from queen.client.commands import run
+
+        args.cmd = cmd
+        return run(args)
     parser.print_help()
     return 2
 

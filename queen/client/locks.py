@@ -365,6 +365,15 @@ class Lock:
         if deadline_scope.cancelled_caught and lease.acquisitions == acquisition:
             self._lose(LostReason.EXPIRED)
 
+    async def renew(self) -> bool:
+        """Renew now, whatever the rhythm (say, before a long step). False if the lock is lost: a
+        renewal answered "lost" is reported at once (on_lost("renew"))."""
+        self._now()
+        if self._lease.state is not State.HELD:
+            return False
+        await self._renew()
+        return self.held
+
     async def keep_alive(self) -> bool:
         """For loops that cannot run a background renewer (`auto_renew=False`): renew if a third of
         the lifetime has passed since the last renewal; False once the lock is lost."""

@@ -259,6 +259,9 @@ class SyncLock:
     def release(self) -> bool:
         return self._sync._call(self._lock.release)
 
+    def renew(self) -> bool:
+        return self._sync._call(self._lock.renew)
+
     def keep_alive(self) -> bool:
         return self._sync._call(self._lock.keep_alive)
 

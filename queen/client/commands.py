@@ -1,0 +1,332 @@
+"""The client side of the `queen` command: `queen kv ...`, `queen lock ...`, `queen run-locked`.
+
+Argument parsing lives in queen/cli.py with `serve`; this module is imported only when a client
+command runs, so the server never loads the SDK.
+
+Exit status, the same for every command (sysexits.h where one fits):
+  0   it did what was asked (found, applied, acquired, renewed, released; run-locked: CMD's status)
+  1   the server answered no (not found, not applied, lost, absent)
+  2   usage error
+  65  the server rejected the request (400: a limit, a malformed value)
+  69  the server could not be reached, or answered 503
+  75  the lock is held by somebody else (lock acquire, run-locked): try later
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from datetime import UTC, datetime
+
+import anyio
+
+from queen.client.client import Client
+from queen.client.durations import seconds, ttl_seconds
+from queen.client.errors import (
+    ApiError,
+    BadRequestError,
+    ClientError,
+    TransportError,
+    UnavailableError,
+)
+from queen.client.locks import mint_owner
+
+EXIT_OK = 0
+EXIT_NO = 1
+EXIT_USAGE = 2
+EXIT_REJECTED = 65
+EXIT_UNAVAILABLE = 69
+EXIT_HELD = 75
+# After SIGTERM, how long a command may take to stop before SIGKILL, unless --grace says otherwise.
+GRACE_S_DEFAULT = 10.0
+
+
+def run(args) -> int:
+    """Entry from queen/cli.py: run one client command on Trio, errors turned into exit codes."""
+    try:
+        return anyio.run(_COMMANDS[(args.command, getattr(args, "action", None))], args, backend="trio")
+    except (ValueError, TypeError) as error:
+        print(f"queen: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except BadRequestError as error:
+        print(f"queen: rejected: {error.code}: {error.message}", file=sys.stderr)
+        return EXIT_REJECTED
+    except (TransportError, UnavailableError) as error:
+        print(f"queen: {error}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except ApiError as error:
+        print(f"queen: {error}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+
+
+def _print_json(document) -> None:
+    print(json.dumps(document, ensure_ascii=False), flush=True)
+
+
+def _iso(ms: int | None) -> str:
+    if ms is None:
+        return "never"
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _show_value(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _lifetime(args) -> dict:
+    return {"forever": True} if args.forever else {"ttl": args.ttl}
+
+
+def _client(args) -> Client:
+    return Client(args.url, timeout_s=args.timeout)
+
+
+# -- kv ----------------------------------------------------------------------------------------------
+
+
+async def kv_get(args) -> int:
+    async with _client(args) as client:
+        item = await client.kv.get(args.ns, args.key)
+    if args.json:
+        _print_json({"key": item.key, "found": item.found, "value": item.value, "version": item.version,
+                     "expiresAt": item.expires_at_ms})
+    elif item.found:
+        print(_show_value(item.value))
+    else:
+        print(f"queen: {args.ns}/{args.key} not found", file=sys.stderr)
+    return EXIT_OK if item.found else EXIT_NO
+
+
+def _value(args):
+    raw = sys.stdin.read() if args.value == "-" else args.value
+    if args.string:
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw  # not JSON: taken as a string, as a shell user means it
+
+
+def _write_answer(args, result, what: str) -> int:
+    if args.json:
+        document = {"applied": result.applied, "version": result.version}
+        if result.value is not None:
+            document["value"] = result.value
+        if result.reason is not None:
+            document["reason"] = result.reason
+        if result.current is not None:
+            document["current"] = {"value": result.current.value, "version": result.current.version}
+        _print_json(document)
+    elif result.applied:
+        print(f"{what} version {result.version}" if result.value is None else _show_value(result.value))
+    else:
+        extra = f" (current version {result.current.version})" if result.current is not None else ""
+        if result.reason == "limit":
+            extra = f" (value {result.value})"
+        print(f"queen: not applied: {result.reason}{extra}", file=sys.stderr)
+    return EXIT_OK if result.applied else EXIT_NO
+
+
+async def kv_put(args) -> int:
+    value = _value(args)
+    async with _client(args) as client:
+        if args.if_absent:
+            result = await client.kv.put_if_absent(args.ns, args.key, value, **_lifetime(args))
+        else:
+            result = await client.kv.put(args.ns, args.key, value, expect=args.expect, **_lifetime(args))
+    return _write_answer(args, result, "applied")
+
+
+async def kv_delete(args) -> int:
+    async with _client(args) as client:
+        result = await client.kv.delete(args.ns, args.key, expect=args.expect)
+    return _write_answer(args, result, "deleted")
+
+
+async def kv_incr(args) -> int:
+    async with _client(args) as client:
+        result = await client.kv.incr(args.ns, args.key, args.by, max=args.max, min=args.min, **_lifetime(args))
+    return _write_answer(args, result, "")
+
+
+async def kv_list(args) -> int:
+    count = 0
+    async with _client(args) as client:
+        async for item in client.kv.get_prefix(args.ns, args.prefix):
+            if args.json:  # one JSON object per line: streams, and `jq` reads it as it is
+                _print_json({"key": item.key, "value": item.value, "version": item.version, "expiresAt": item.expires_at_ms})
+            else:
+                print(f"{item.key}\t{item.version}\t{json.dumps(item.value, ensure_ascii=False)}")
+            count += 1
+            if args.limit is not None and count >= args.limit:
+                break
+    return EXIT_OK
+
+
+# -- lock --------------------------------------------------------------------------------------------
+
+
+def _holder_line(holder: dict, now_ms: int) -> str:
+    left_s = (holder["expiresAt"] - now_ms) / 1000
+    return (f"slot {holder['slot']}  owner {holder.get('owner')}  token {holder['token']}  fence {holder['fence']}  "
+            f"since {_iso(holder['since'])}  renewed {_iso(holder['renewedAt'])}  "
+            f"expires {_iso(holder['expiresAt'])} (in {left_s:.1f}s)")
+
+
+async def lock_acquire(args) -> int:
+    op = {"op": "acquire", "name": args.name, "ttlSeconds": ttl_seconds(args.ttl), "owner": args.owner or mint_owner()}
+    if args.limit != 1:
+        op["limit"] = args.limit
+    if args.wait is not None:
+        op["waitMs"] = int(min(seconds(args.wait, "wait"), 60) * 1000)
+    async with _client(args) as client:
+        [result] = await client.locks.call(op)
+    if args.json:
+        _print_json(result)
+    elif result["acquired"]:
+        print(f"acquired {args.name} slot {result['slot']} token {result['token']} fence {result['fence']} "
+              f"owner {result['owner']} expires {_iso(result['expiresAt'])}")
+    else:
+        holders = ", ".join(f"{h.get('owner')} (token {h['token']})" for h in result.get("holders", []))
+        print(f"queen: {args.name} not acquired: {result['reason']}; held by {holders or 'nobody'}", file=sys.stderr)
+    return EXIT_OK if result["acquired"] else EXIT_HELD
+
+
+async def lock_renew(args) -> int:
+    op = {"op": "renew", "name": args.name, "slot": args.slot, "token": args.token, "ttlSeconds": ttl_seconds(args.ttl)}
+    if args.owner:
+        op["owner"] = args.owner
+    async with _client(args) as client:
+        [result] = await client.locks.call(op)
+    if args.json:
+        _print_json(result)
+    elif result["renewed"]:
+        print(f"renewed {args.name} slot {args.slot} token {result['token']} expires {_iso(result['expiresAt'])}")
+    else:
+        print(f"queen: {args.name} not renewed: {result['reason']}", file=sys.stderr)
+    return EXIT_OK if result["renewed"] else EXIT_NO
+
+
+async def lock_release(args) -> int:
+    op = {"op": "release", "name": args.name, "slot": args.slot, "token": args.token}
+    if args.owner:
+        op["owner"] = args.owner
+    async with _client(args) as client:
+        [result] = await client.locks.call(op)
+    if args.json:
+        _print_json(result)
+    elif result["released"]:
+        print(f"released {args.name} slot {args.slot}")
+    else:
+        print(f"queen: {args.name} not released: {result['reason']}", file=sys.stderr)
+    return EXIT_OK if result["released"] else EXIT_NO
+
+
+async def lock_status(args) -> int:
+    async with _client(args) as client:
+        [result] = await client.locks.call({"op": "get", "name": args.name})
+    holders = result["holders"]
+    if args.json:
+        _print_json({"name": args.name, "held": bool(holders), "holders": holders})
+    elif not holders:
+        print(f"{args.name}: not held")
+    else:
+        now_ms = int(datetime.now(UTC).timestamp() * 1000)
+        print(f"{args.name}: held")
+        for holder in holders:
+            print("  " + _holder_line(holder, now_ms))
+    return EXIT_OK
+
+
+async def lock_list(args) -> int:
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    async with _client(args) as client:
+        async for holder in client.locks.list(args.prefix):
+            wire = {"name": holder.name, "slot": holder.slot, "owner": holder.owner, "token": holder.token,
+                    "fence": holder.fence, "since": holder.since_ms, "renewedAt": holder.renewed_at_ms,
+                    "expiresAt": holder.expires_at_ms}
+            if args.json:
+                _print_json(wire)
+            else:
+                print(f"{holder.name}  " + _holder_line(wire, now_ms))
+    return EXIT_OK
+
+
+# -- run-locked --------------------------------------------------------------------------------------
+
+
+def _exit_status(returncode: int) -> int:
+    """A command killed by signal N exits 128+N, as a shell reports it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+async def run_locked(args) -> int:
+    """Run CMD only while holding NAME: acquire (or wait), export the token and fence, renew in the
+    background, stop CMD (SIGTERM, then SIGKILL after the grace) if the lock is lost, release when
+    it ends, and exit with its status."""
+    command = args.cmd
+    if not command:
+        print("queen run-locked: no command given; usage: queen run-locked NAME --ttl 30s -- CMD [ARGS...]", file=sys.stderr)
+        return EXIT_USAGE
+    grace_s = seconds(args.grace, "grace")
+    async with _client(args) as client:
+        if args.limit == 1:
+            lock = client.lock(args.name, ttl=args.ttl, owner=args.owner)
+        else:
+            lock = client.semaphore(args.name, args.limit, ttl=args.ttl, owner=args.owner)
+        if not await lock.acquire(wait=args.wait):
+            reason, holders = lock.refusal
+            owners = ", ".join(str(h.owner) for h in holders) or "nobody"
+            print(f"queen run-locked: {args.name} is {reason} (held by {owners}); not running the command", file=sys.stderr)
+            return EXIT_HELD
+        env = dict(os.environ, QUEEN_LOCK_NAME=args.name, QUEEN_LOCK_TOKEN=str(lock.token),
+                   QUEEN_LOCK_FENCE=str(lock.fence), QUEEN_LOCK_SLOT=str(lock.slot), QUEEN_LOCK_OWNER=lock.owner)
+        stopped_for_loss = False
+        try:
+            process = await anyio.open_process(command, stdin=None, stdout=None, stderr=None, env=env)
+        except OSError as error:
+            print(f"queen run-locked: cannot run {command[0]!r}: {error}", file=sys.stderr)
+            await lock._release_quietly()
+            return 127 if isinstance(error, FileNotFoundError) else 126
+
+        async def forward_signals():
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+                async for signum in signals:
+                    if process.returncode is None:
+                        process.send_signal(signum)
+
+        async def stop_on_loss():
+            nonlocal stopped_for_loss
+            reason = await lock.wait_lost()
+            stopped_for_loss = True
+            print(f"queen run-locked: lost the lock {args.name!r} ({reason}); stopping the command", file=sys.stderr)
+            if process.returncode is None:
+                process.terminate()
+                with anyio.move_on_after(grace_s):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(forward_signals)
+            tasks.start_soon(stop_on_loss)
+            returncode = await process.wait()
+            tasks.cancel_scope.cancel()
+        await lock._release_quietly()
+    status = _exit_status(returncode)
+    if stopped_for_loss and status == 0:
+        return EXIT_NO  # a success that the lock did not cover is not reported as one
+    return status
+
+
+_COMMANDS = {
+    ("kv", "get"): kv_get, ("kv", "put"): kv_put, ("kv", "delete"): kv_delete, ("kv", "incr"): kv_incr,
+    ("kv", "list"): kv_list,
+    ("lock", "acquire"): lock_acquire, ("lock", "renew"): lock_renew, ("lock", "release"): lock_release,
+    ("lock", "status"): lock_status, ("lock", "list"): lock_list,
+    ("run-locked", None): run_locked,
+}
+
+__all__ = ["run", "ClientError"]
