@@ -222,7 +222,7 @@ def _run_selectors(plan: Plan, sessions, window, tally: Tally) -> None:
             if close or buf:
                 drop(conn, "conn_closed" if close else "unasked_bytes", "connection: close" if close else repr(bytes(buf[:80])))
                 continue
-            if now < t_end:
+            if now < t_end or conn.session.owes_release():
                 conn.send_next()
         busy = sum(1 for conn in conns if conn.busy)
     tally.undrained = busy
@@ -244,7 +244,7 @@ def _run_threads(plan: Plan, sessions, window, tally: Tally):
     def worker(sock, session, mine: Tally):
         _sleep_until(t_start)
         buf = bytearray()
-        while time.monotonic_ns() < t_end:
+        while time.monotonic_ns() < t_end or session.owes_release():
             request = session.request()
             sent_ns = time.perf_counter_ns()
             try:
@@ -319,7 +319,7 @@ def _run_asyncio(plan: Plan, sessions, window, tally: Tally):
     async def client(sock, session):
         buf = bytearray()
         histogram = tally.histogram
-        while time.monotonic_ns() < t_end:
+        while time.monotonic_ns() < t_end or session.owes_release():
             request = session.request()
             sent_ns = time.perf_counter_ns()
             try:

@@ -26,16 +26,46 @@ GOALS = (
 )
 
 
-def bottleneck(cpu: dict, server_cores: int, generator_cores: int) -> str:
-    """Which side was saturated, from CPU use over the measured window. Percentages are of one
-    core and summed over a side's processes, so a side saturates at 100% per core it is pinned to."""
+# Systems that answer a write only after an fsync covers it.
+DURABLE_SYSTEMS = frozenset(("queen", "redis-aof", "etcd"))
+# A server whose WAL spent at least this share of the window inside write+fsync was disk-bound.
+DISK_BUSY_PCT = 80.0
+
+
+def bottleneck(cpu: dict, server_cores: int, generator_cores: int, fsync: dict | None = None,
+               durable: bool = False) -> str:
+    """Which side set the pace, from CPU use over the measured window: "generator", "server CPU",
+    "disk" (the server's fsyncs kept the disk busy most of the window), or, when nothing was
+    saturated, "latency" (the closed loop waited on round trips: fsync latency for a durable
+    server, or the answers of a lock that makes clients wait). Percentages are of one core and
+    summed over a side's processes, so a side saturates at 100% per core it is pinned to."""
     server = cpu["processes_pct_of_core"].get("server", 0.0) / max(1, server_cores)
     generator = cpu["processes_pct_of_core"].get("generator", 0.0) / max(1, generator_cores)
     if generator >= SATURATED_PCT:
         return "generator"
     if server >= SATURATED_PCT:
         return "server CPU"
-    return "neither (waiting: latency-bound)"
+    if fsync and (fsync.get("fsync_busy_pct") or 0) >= DISK_BUSY_PCT:
+        return "disk"
+    return "latency (fsync waits)" if durable else "latency"
+
+
+def fsync_figures(system: str, before: dict, after: dict, wall_s: float, disk: dict) -> dict | None:
+    """fsyncs per second of a durable server over the window and how much of the disk's measured
+    fsync rate they used, from its own metrics (Queen: WAL frames; etcd: WAL fsyncs). Redis
+    exposes no fsync count; None there."""
+    names = {"queen": ("queen_wal_batches_total", "queen_wal_fsync_seconds_total"),
+             "etcd": ("etcd_disk_wal_fsync_duration_seconds_count", "etcd_disk_wal_fsync_duration_seconds_sum")}
+    if system not in names or not before or not after or names[system][0] not in after:
+        return None
+    count_name, seconds_name = names[system]
+    count = after.get(count_name, 0.0) - before.get(count_name, 0.0)
+    seconds = after.get(seconds_name, 0.0) - before.get(seconds_name, 0.0)
+    rate = count / wall_s
+    limit = (disk or {}).get("fsyncs_per_s")
+    return {"fsyncs_per_s": round(rate, 1), "fsync_busy_pct": round(100 * seconds / wall_s, 1),
+            "fsync_ms_mean": round(1000 * seconds / count, 3) if count else None,
+            "share_of_disk_fsync_rate": round(rate / limit, 3) if limit else None}
 
 
 def wal_figures(before: dict, after: dict, wall_s: float) -> dict | None:

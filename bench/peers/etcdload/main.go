@@ -1,0 +1,737 @@
+// etcdload drives a single-node etcd with the workloads of `python -m bench`, in the same shape as
+// the Python generator drives Queen and Redis: C clients, each with its own gRPC connection and
+// exactly one request outstanding (closed loop), a warm-up, a measured window, and a drain in
+// which a client that holds a lock still releases it.
+//
+// It is Go with etcd's own clientv3 because a Python client through etcd's JSON gateway measured
+// at half the rate of a Go clientv3 loader on these machines: the loader must not handicap etcd.
+// It builds offline against Debian's packaged sources (golang-etcd-server-dev, under
+// /usr/share/gocode) with GO111MODULE=off; see build_etcdload.sh.
+//
+// Protocol with bench/peers/etcd.py: flags say what to run; the loader connects every client,
+// prints "ready" on stdout, waits for one line on stdin, starts 100 ms later, and at the end prints
+// one JSON document in the shape of the Python generator's Tally (histogram buckets in the layout
+// of bench/histogram.py, so the two merge and print alike).
+//
+// Locks are the usual etcd recipe: acquire is a txn "create_revision(name) == 0 -> put name owner
+// with the client's lease", release a txn "value(name) == owner -> delete name". A request of N
+// ops is one txn over N names (all or nothing, where Queen answers each op on its own; etcd has no
+// cheaper batch). Renew is a KeepAliveOnce of the lock's own lease (one RPC per lease: etcd has no
+// batch of keep-alives). The semaphore is a nested txn trying its 8 permit keys in turn.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/bits"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/clientv3"
+)
+
+const (
+	subBits      = 8
+	valueBitsMax = 40
+	buckets      = (1 << subBits) + (valueBitsMax-subBits)*(1<<(subBits-1))
+	errorSamples = 5
+	drain        = 10 * time.Second
+	value        = "vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv"
+	permits      = 8
+)
+
+func bucketOf(v int64) int {
+	b := bits.Len64(uint64(v))
+	if b <= subBits {
+		return int(v)
+	}
+	if b > valueBitsMax {
+		return buckets - 1
+	}
+	shift := b - subBits
+	half := 1 << (subBits - 1)
+	return (1 << subBits) + (shift-1)*half + int(v>>uint(shift)) - half
+}
+
+type tally struct {
+	counts     []int64
+	total, sum int64
+	min, max   int64
+	completed  int64
+	answered   int64
+	errors     map[string]int64
+	samples    []string
+	units      map[string]int64 // counted inside the window
+	pending    map[string]int64 // counted by the last step, not yet placed in or out of the window
+}
+
+func newTally() *tally {
+	return &tally{counts: make([]int64, buckets), min: -1, errors: map[string]int64{}, units: map[string]int64{},
+		pending: map[string]int64{}}
+}
+
+func (t *tally) record(ns int64) {
+	t.counts[bucketOf(ns)]++
+	t.total++
+	t.sum += ns
+	if t.min < 0 || ns < t.min {
+		t.min = ns
+	}
+	if ns > t.max {
+		t.max = ns
+	}
+}
+
+func (t *tally) error(kind string, sample string) {
+	t.errors[kind]++
+	if len(t.samples) < errorSamples {
+		if len(sample) > 300 {
+			sample = sample[:300]
+		}
+		t.samples = append(t.samples, kind+": "+sample)
+	}
+}
+
+func (t *tally) merge(o *tally) {
+	for i, c := range o.counts {
+		t.counts[i] += c
+	}
+	t.total += o.total
+	t.sum += o.sum
+	if o.min >= 0 && (t.min < 0 || o.min < t.min) {
+		t.min = o.min
+	}
+	if o.max > t.max {
+		t.max = o.max
+	}
+	t.completed += o.completed
+	t.answered += o.answered
+	for k, v := range o.errors {
+		t.errors[k] += v
+	}
+	for _, s := range o.samples {
+		if len(t.samples) < errorSamples {
+			t.samples = append(t.samples, s)
+		}
+	}
+	for k, v := range o.units {
+		t.units[k] += v
+	}
+}
+
+type config struct {
+	endpoint, workload, tag string
+	ops, connections, keys  int
+	warmup, duration        time.Duration
+	leaseTTL                int64
+}
+
+// A client's conversation: step sends one request (which may depend on the last answer) and
+// counts what it achieved when counting is true; owes says it holds something to give back.
+type session interface {
+	setup(ctx context.Context) error
+	step(ctx context.Context, t *tally, counting bool) error
+	owes() bool
+	release(ctx context.Context) error
+}
+
+func keyName(i int) string { return fmt.Sprintf("bench/k%05d", i) }
+
+// keyGroups: client i of C walks its own stretch of the key space, ops keys per request.
+func keyGroups(cfg config, index int) [][]string {
+	stretch := cfg.keys / cfg.connections
+	if stretch < 1 {
+		stretch = 1
+	}
+	first := index * cfg.keys / cfg.connections
+	count := (stretch + cfg.ops - 1) / cfg.ops
+	if count > 1024 {
+		count = 1024
+	}
+	groups := make([][]string, count)
+	for g := range groups {
+		for i := 0; i < cfg.ops; i++ {
+			groups[g] = append(groups[g], keyName((first+(g*cfg.ops+i)%stretch)%cfg.keys))
+		}
+	}
+	return groups
+}
+
+type base struct {
+	cfg   config
+	cli   *clientv3.Client
+	index int
+	owner string
+	lease clientv3.LeaseID
+}
+
+func (b *base) grant(ctx context.Context) error {
+	resp, err := b.cli.Grant(ctx, b.cfg.leaseTTL)
+	if err != nil {
+		return err
+	}
+	b.lease = resp.ID
+	return nil
+}
+
+func acquireTxn(names []string, owner string, lease clientv3.LeaseID) ([]clientv3.Cmp, []clientv3.Op) {
+	cmps := make([]clientv3.Cmp, len(names))
+	puts := make([]clientv3.Op, len(names))
+	for i, n := range names {
+		cmps[i] = clientv3.Compare(clientv3.CreateRevision(n), "=", 0)
+		puts[i] = clientv3.OpPut(n, owner, clientv3.WithLease(lease))
+	}
+	return cmps, puts
+}
+
+func releaseTxn(names []string, owner string) ([]clientv3.Cmp, []clientv3.Op) {
+	cmps := make([]clientv3.Cmp, len(names))
+	dels := make([]clientv3.Op, len(names))
+	for i, n := range names {
+		cmps[i] = clientv3.Compare(clientv3.Value(n), "=", owner)
+		dels[i] = clientv3.OpDelete(n)
+	}
+	return cmps, dels
+}
+
+// -- lock-cycle ----------------------------------------------------------------------------------
+
+type lockCycle struct {
+	base
+	groups  [][]string
+	pos     int
+	holding bool
+}
+
+func (s *lockCycle) setup(ctx context.Context) error {
+	for g := 0; g < 16; g++ {
+		var names []string
+		for i := 0; i < s.cfg.ops; i++ {
+			names = append(names, fmt.Sprintf("%s-c%d-%d-%d", s.cfg.tag, s.index, g, i))
+		}
+		s.groups = append(s.groups, names)
+	}
+	return s.grant(ctx)
+}
+
+func (s *lockCycle) owes() bool { return s.holding }
+
+func (s *lockCycle) release(ctx context.Context) error { return s.step(ctx, newTally(), false) }
+
+func (s *lockCycle) step(ctx context.Context, t *tally, counting bool) error {
+	names := s.groups[s.pos]
+	if !s.holding {
+		cmps, puts := acquireTxn(names, s.owner, s.lease)
+		resp, err := s.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+		if err != nil {
+			return err
+		}
+		if !resp.Succeeded {
+			t.error("not_acquired", names[0])
+			return nil
+		}
+		if counting {
+			t.pending["acquired"] += int64(len(names))
+		}
+		s.holding = true
+		return nil
+	}
+	cmps, dels := releaseTxn(names, s.owner)
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(dels...).Commit()
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		t.error("not_released", names[0])
+	} else if counting {
+		t.pending["pairs"] += int64(len(names))
+	}
+	s.holding = false
+	s.pos = (s.pos + 1) % len(s.groups)
+	return nil
+}
+
+// -- lock-renew ----------------------------------------------------------------------------------
+
+type lockRenew struct {
+	base
+	leases []clientv3.LeaseID
+}
+
+func (s *lockRenew) setup(ctx context.Context) error {
+	for i := 0; i < s.cfg.ops; i++ {
+		resp, err := s.cli.Grant(ctx, s.cfg.leaseTTL)
+		if err != nil {
+			return err
+		}
+		name := fmt.Sprintf("%s-c%d-0-%d", s.cfg.tag, s.index, i)
+		cmps, puts := acquireTxn([]string{name}, s.owner, resp.ID)
+		tx, err := s.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+		if err != nil {
+			return err
+		}
+		if !tx.Succeeded {
+			return fmt.Errorf("lock %s not acquired", name)
+		}
+		s.leases = append(s.leases, resp.ID)
+	}
+	return nil
+}
+
+func (s *lockRenew) owes() bool                        { return false }
+func (s *lockRenew) release(ctx context.Context) error { return nil }
+
+func (s *lockRenew) step(ctx context.Context, t *tally, counting bool) error {
+	for _, lease := range s.leases {
+		resp, err := s.cli.KeepAliveOnce(ctx, lease)
+		if err != nil {
+			return err
+		}
+		if resp.TTL <= 0 {
+			t.error("not_renewed", fmt.Sprint(lease))
+			continue
+		}
+		if counting {
+			t.pending["renewals"]++
+		}
+	}
+	return nil
+}
+
+// -- contended: hot lock and semaphore -----------------------------------------------------------
+
+type contended struct {
+	base
+	key     string
+	slots   int // 1: the hot lock; 8: the semaphore
+	holding string
+}
+
+func (s *contended) setup(ctx context.Context) error { return s.grant(ctx) }
+func (s *contended) owes() bool                      { return s.holding != "" }
+func (s *contended) release(ctx context.Context) error {
+	return s.step(ctx, newTally(), false)
+}
+
+// semaphoreTxn: try permit `slot`; if taken, the else branch tries the next, nested.
+func (s *contended) permitTxn(slot int) clientv3.Op {
+	name := fmt.Sprintf("%s#%d", s.key, slot)
+	cmp := clientv3.Compare(clientv3.CreateRevision(name), "=", 0)
+	put := clientv3.OpPut(name, s.owner, clientv3.WithLease(s.lease))
+	if slot == s.slots-1 {
+		return clientv3.OpTxn([]clientv3.Cmp{cmp}, []clientv3.Op{put}, nil)
+	}
+	return clientv3.OpTxn([]clientv3.Cmp{cmp}, []clientv3.Op{put}, []clientv3.Op{s.permitTxn(slot + 1)})
+}
+
+func (s *contended) step(ctx context.Context, t *tally, counting bool) error {
+	if s.holding != "" {
+		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(s.holding), "=", s.owner)).
+			Then(clientv3.OpDelete(s.holding)).Commit()
+		if err != nil {
+			return err
+		}
+		if !resp.Succeeded {
+			t.error("not_released", s.holding)
+		} else if counting {
+			t.pending["pairs"]++
+		}
+		s.holding = ""
+		return nil
+	}
+	if counting {
+		t.pending["answers"]++
+	}
+	if s.slots == 1 {
+		cmps, puts := acquireTxn([]string{s.key}, s.owner, s.lease)
+		resp, err := s.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+		if err != nil {
+			return err
+		}
+		if resp.Succeeded {
+			s.holding = s.key
+		}
+	} else {
+		op := s.permitTxn(0)
+		cmps, thens, elses := op.Txn()
+		resp, err := s.cli.Txn(ctx).If(cmps...).Then(thens...).Else(elses...).Commit()
+		if err != nil {
+			return err
+		}
+		// Walk the nested answers: the first level that succeeded names the permit.
+		succeeded, responses := resp.Succeeded, resp.Responses
+		for slot := 0; slot < s.slots; slot++ {
+			if succeeded {
+				s.holding = fmt.Sprintf("%s#%d", s.key, slot)
+				break
+			}
+			if len(responses) == 0 || responses[0].GetResponseTxn() == nil {
+				break
+			}
+			inner := responses[0].GetResponseTxn()
+			succeeded, responses = inner.Succeeded, inner.Responses
+		}
+	}
+	if s.holding != "" && counting {
+		t.pending["acquired"]++
+	}
+	return nil
+}
+
+// -- KV ------------------------------------------------------------------------------------------
+
+type kv struct {
+	base
+	op     string
+	groups [][]string
+	pos    int
+}
+
+func (s *kv) setup(ctx context.Context) error {
+	s.groups = keyGroups(s.cfg, s.index)
+	return s.grant(ctx)
+}
+func (s *kv) owes() bool                        { return false }
+func (s *kv) release(ctx context.Context) error { return nil }
+
+func (s *kv) step(ctx context.Context, t *tally, counting bool) error {
+	keys := s.groups[s.pos]
+	s.pos = (s.pos + 1) % len(s.groups)
+	ops := make([]clientv3.Op, len(keys))
+	for i, k := range keys {
+		if s.op == "put" {
+			ops[i] = clientv3.OpPut(k, value, clientv3.WithLease(s.lease))
+		} else {
+			ops[i] = clientv3.OpGet(k)
+		}
+	}
+	if len(ops) == 1 {
+		resp, err := s.cli.Do(ctx, ops[0])
+		if err != nil {
+			return err
+		}
+		if s.op == "get" && (resp.Get() == nil || len(resp.Get().Kvs) != 1) {
+			t.error("not_found", keys[0])
+			return nil
+		}
+	} else {
+		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return err
+		}
+		if s.op == "get" {
+			for _, r := range resp.Responses {
+				if rr := r.GetResponseRange(); rr == nil || len(rr.Kvs) != 1 {
+					t.error("not_found", keys[0])
+					return nil
+				}
+			}
+		}
+	}
+	if counting {
+		t.pending["ops"] += int64(len(keys))
+	}
+	return nil
+}
+
+type cas struct {
+	base
+	keys []string
+	revs []int64
+}
+
+func (s *cas) setup(ctx context.Context) error {
+	for i := 0; i < s.cfg.ops; i++ {
+		s.keys = append(s.keys, fmt.Sprintf("bench/%s-cas-%d-%d", s.cfg.tag, s.index, i))
+	}
+	if err := s.grant(ctx); err != nil {
+		return err
+	}
+	ops := make([]clientv3.Op, len(s.keys))
+	for i, k := range s.keys {
+		ops[i] = clientv3.OpPut(k, value, clientv3.WithLease(s.lease))
+	}
+	resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return err
+	}
+	s.revs = make([]int64, len(s.keys))
+	for i := range s.revs {
+		s.revs[i] = resp.Header.Revision
+	}
+	return nil
+}
+func (s *cas) owes() bool                        { return false }
+func (s *cas) release(ctx context.Context) error { return nil }
+
+func (s *cas) step(ctx context.Context, t *tally, counting bool) error {
+	cmps := make([]clientv3.Cmp, len(s.keys))
+	puts := make([]clientv3.Op, len(s.keys))
+	for i, k := range s.keys {
+		cmps[i] = clientv3.Compare(clientv3.ModRevision(k), "=", s.revs[i])
+		puts[i] = clientv3.OpPut(k, value, clientv3.WithLease(s.lease))
+	}
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		t.error("cas_missed", s.keys[0])
+		return nil
+	}
+	for i := range s.revs {
+		s.revs[i] = resp.Header.Revision // every put of one txn takes the txn's revision
+	}
+	if counting {
+		t.pending["ops"] += int64(len(s.keys))
+	}
+	return nil
+}
+
+type guarded struct {
+	base
+	lock   string
+	groups [][]string
+	pos    int
+}
+
+func (s *guarded) setup(ctx context.Context) error {
+	s.groups = keyGroups(s.cfg, s.index)
+	if err := s.grant(ctx); err != nil {
+		return err
+	}
+	s.lock = fmt.Sprintf("%s-txn-%d", s.cfg.tag, s.index)
+	cmps, puts := acquireTxn([]string{s.lock}, s.owner, s.lease)
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("lock %s not acquired", s.lock)
+	}
+	return nil
+}
+func (s *guarded) owes() bool                        { return false }
+func (s *guarded) release(ctx context.Context) error { return nil }
+
+func (s *guarded) step(ctx context.Context, t *tally, counting bool) error {
+	keys := s.groups[s.pos]
+	s.pos = (s.pos + 1) % len(s.groups)
+	puts := make([]clientv3.Op, len(keys))
+	for i, k := range keys {
+		puts[i] = clientv3.OpPut(k, value, clientv3.WithLease(s.lease))
+	}
+	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(s.lock), "=", s.owner)).Then(puts...).Commit()
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		t.error("txn_failed", s.lock)
+	} else if counting {
+		t.pending["txns"]++
+		t.pending["ops"] += int64(len(keys))
+	}
+	return nil
+}
+
+func newSession(cfg config, cli *clientv3.Client, index int) (session, error) {
+	b := base{cfg: cfg, cli: cli, index: index, owner: fmt.Sprintf("%s-o%d", cfg.tag, index)}
+	switch cfg.workload {
+	case "lock-cycle":
+		return &lockCycle{base: b}, nil
+	case "lock-renew":
+		return &lockRenew{base: b}, nil
+	case "lock-hot":
+		return &contended{base: b, key: cfg.tag + "-hot", slots: 1}, nil
+	case "sem8":
+		return &contended{base: b, key: cfg.tag + "-sem", slots: permits}, nil
+	case "kv-put":
+		return &kv{base: b, op: "put"}, nil
+	case "kv-get":
+		return &kv{base: b, op: "get"}, nil
+	case "kv-cas":
+		return &cas{base: b}, nil
+	case "txn-guarded":
+		return &guarded{base: b}, nil
+	}
+	return nil, fmt.Errorf("unknown workload %q", cfg.workload)
+}
+
+func connect(endpoint string) (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 10 * time.Second})
+}
+
+func preload(cfg config) error {
+	cli, err := connect(cfg.endpoint)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx := context.Background()
+	lease, err := cli.Grant(ctx, 3600)
+	if err != nil {
+		return err
+	}
+	for start := 0; start < cfg.keys; start += 100 {
+		var ops []clientv3.Op
+		for k := start; k < start+100 && k < cfg.keys; k++ {
+			ops = append(ops, clientv3.OpPut(keyName(k), value, clientv3.WithLease(lease.ID)))
+		}
+		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type output struct {
+	Histogram    map[string]interface{} `json:"histogram"`
+	Completed    int64                  `json:"completed"`
+	Answered     int64                  `json:"answered"`
+	Errors       map[string]int64       `json:"errors"`
+	ErrorSamples []string               `json:"error_samples"`
+	Bytes        int64                  `json:"bytes_received"`
+	Undrained    int64                  `json:"undrained"`
+	Units        map[string]int64       `json:"units"`
+}
+
+func fail(format string, args ...interface{}) {
+	fmt.Fprintf(os.Stderr, "etcdload: "+format+"\n", args...)
+	os.Exit(2)
+}
+
+func main() {
+	var cfg config
+	var warmupMs, durationMs int
+	var doPreload bool
+	flag.StringVar(&cfg.endpoint, "endpoint", "127.0.0.1:2379", "etcd client address (127.0.0.1 only)")
+	flag.StringVar(&cfg.workload, "workload", "lock-cycle", "lock-cycle, lock-renew, lock-hot, sem8, kv-put, kv-get, kv-cas, txn-guarded")
+	flag.StringVar(&cfg.tag, "tag", "r", "run tag: lock names and CAS keys carry it")
+	flag.IntVar(&cfg.ops, "ops", 1, "operations per request")
+	flag.IntVar(&cfg.connections, "connections", 16, "clients, each with its own connection")
+	flag.IntVar(&cfg.keys, "keys", 10000, "distinct KV keys")
+	flag.IntVar(&warmupMs, "warmup-ms", 2000, "warm-up before measuring (stdin may say otherwise)")
+	flag.IntVar(&durationMs, "duration-ms", 10000, "measured window (stdin may say otherwise)")
+	flag.BoolVar(&doPreload, "preload", false, "write every key once, then exit")
+	flag.Parse()
+	if !strings.HasPrefix(cfg.endpoint, "127.0.0.1:") {
+		fail("only 127.0.0.1 endpoints")
+	}
+	if doPreload {
+		if err := preload(cfg); err != nil {
+			fail("preload: %v", err)
+		}
+		return
+	}
+	cfg.warmup = time.Duration(warmupMs) * time.Millisecond
+	cfg.duration = time.Duration(durationMs) * time.Millisecond
+	cfg.leaseTTL = int64((cfg.warmup+cfg.duration+drain)/time.Second) + 60
+
+	sessions := make([]session, cfg.connections)
+	clients := make([]*clientv3.Client, cfg.connections)
+	setupCtx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	for i := range sessions {
+		cli, err := connect(cfg.endpoint)
+		if err != nil {
+			fail("connect: %v", err)
+		}
+		clients[i] = cli
+		s, err := newSession(cfg, cli, i)
+		if err != nil {
+			fail("%v", err)
+		}
+		if err := s.setup(setupCtx); err != nil {
+			fail("setup: %v", err)
+		}
+		sessions[i] = s
+	}
+	cancel()
+	fmt.Println("ready")
+	// The window comes on stdin as "<warm-up ms> <measured ms>"; the flags' values stand otherwise.
+	if n, _ := fmt.Scanln(&warmupMs, &durationMs); n == 2 {
+		cfg.warmup = time.Duration(warmupMs) * time.Millisecond
+		cfg.duration = time.Duration(durationMs) * time.Millisecond
+	}
+	tStart := time.Now().Add(100 * time.Millisecond)
+	tMeasure := tStart.Add(cfg.warmup)
+	tEnd := tMeasure.Add(cfg.duration)
+	time.Sleep(time.Until(tStart))
+
+	tallies := make([]*tally, len(sessions))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	finished := 0
+	for i, s := range sessions {
+		tallies[i] = newTally()
+		wg.Add(1)
+		go func(s session, t *tally) {
+			defer wg.Done()
+			ctx, cancel := context.WithDeadline(context.Background(), tEnd.Add(drain))
+			defer cancel()
+			for time.Now().Before(tEnd) || s.owes() {
+				sent := time.Now()
+				err := s.step(ctx, t, true)
+				done := time.Now()
+				// An answer counts when it completes inside the window, as in the Python generator:
+				// what the step counted moves into the tally only then.
+				inWindow := !done.Before(tMeasure) && done.Before(tEnd)
+				for k, v := range t.pending {
+					if inWindow {
+						t.units[k] += v
+					}
+					delete(t.pending, k)
+				}
+				if err != nil {
+					t.error("rpc_error", err.Error())
+					if ctx.Err() != nil {
+						break
+					}
+					continue
+				}
+				t.answered++
+				if inWindow {
+					t.completed++
+					t.record(done.Sub(sent).Nanoseconds())
+				}
+			}
+			mu.Lock()
+			finished++
+			mu.Unlock()
+		}(s, tallies[i])
+	}
+	wg.Wait()
+	_ = finished
+	merged := newTally()
+	for _, t := range tallies {
+		merged.merge(t)
+	}
+	for _, c := range clients {
+		c.Close()
+	}
+	hist := map[string]int64{}
+	for i, c := range merged.counts {
+		if c != 0 {
+			hist[fmt.Sprint(i)] = c
+		}
+	}
+	var min, max interface{}
+	if merged.total > 0 {
+		min, max = merged.min, merged.max
+	}
+	out := output{
+		Histogram: map[string]interface{}{"buckets": hist, "total": merged.total, "min": min, "max": max,
+			"sum": merged.sum, "sub_bits": subBits},
+		Completed: merged.completed, Answered: merged.answered, Errors: merged.errors,
+		ErrorSamples: merged.samples, Units: merged.units,
+	}
+	if out.ErrorSamples == nil {
+		out.ErrorSamples = []string{}
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
+		fail("%v", err)
+	}
+}
