@@ -1,0 +1,209 @@
+"""The client half of the `queen` command against a real server: kv and lock subcommands, and
+`queen run-locked` as a flock(1) across processes. Every wait here is on a real process (a command
+starting or ending, a server dying) or on a real lease of 1 s."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from queen.testing import ServerProcess
+
+QUEEN = [sys.executable, "-m", "queen"]
+EXIT_HELD = 75
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with ServerProcess(str(tmp_path_factory.mktemp("queen") / "data")) as process:
+        yield process
+
+
+def queen(server, *args, stdin=None):
+    env = dict(os.environ, QUEEN_URL=server.url)
+    return subprocess.run([*QUEEN, *args], env=env, capture_output=True, text=True, input=stdin, timeout=60)
+
+
+def start(server, *args, env=None):
+    return subprocess.Popen([*QUEEN, *args], env=dict(os.environ, QUEEN_URL=server.url, **(env or {})),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, timeout_s=20.0):
+    """Poll a real process's visible effect (a file, an exit); not a wait for time to pass."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting for a process"
+        time.sleep(0.02)
+
+
+def lines(path):
+    return open(path).read().split() if os.path.exists(path) else []
+
+
+# -- kv --------------------------------------------------------------------------------------------
+
+
+def test_kv_commands_print_for_people_and_json_for_scripts(server):
+    assert queen(server, "kv", "put", "cli", "greeting", "hello", "--ttl", "1h").returncode == 0
+    got = queen(server, "kv", "get", "cli", "greeting")
+    assert got.returncode == 0 and got.stdout == "hello\n"
+    item = json.loads(queen(server, "kv", "get", "cli", "greeting", "--json").stdout)
+    assert item["found"] and item["value"] == "hello" and item["expiresAt"] > 0
+    missing = queen(server, "kv", "get", "cli", "nope")
+    assert missing.returncode == 1 and "not found" in missing.stderr
+    put = json.loads(queen(server, "kv", "put", "cli", "config", '{"retries": 3}', "--forever", "--json").stdout)
+    assert put["applied"] and json.loads(queen(server, "kv", "get", "cli", "config").stdout) == {"retries": 3}
+    stale = queen(server, "kv", "put", "cli", "config", "4", "--forever", "--expect", str(put["version"] - 1))
+    assert stale.returncode == 1 and "version" in stale.stderr
+    assert queen(server, "kv", "put", "cli", "raw", "-", "--string", "--ttl", "60", stdin="42").returncode == 0
+    assert json.loads(queen(server, "kv", "get", "cli", "raw", "--json").stdout)["value"] == "42"
+    assert queen(server, "kv", "incr", "cli", "n", "--max", "2", "--by", "2", "--ttl", "1m").stdout == "2\n"
+    assert queen(server, "kv", "incr", "cli", "n", "--max", "2", "--ttl", "1m").returncode == 1
+    listed = [json.loads(line) for line in queen(server, "kv", "list", "cli", "--json").stdout.splitlines()]
+    assert [entry["key"] for entry in listed] == ["config", "greeting", "n", "raw"]
+    assert queen(server, "kv", "list", "cli", "--prefix", "g").stdout.startswith("greeting\t")
+    assert queen(server, "kv", "delete", "cli", "greeting").returncode == 0
+    assert queen(server, "kv", "delete", "cli", "greeting").returncode == 1
+
+
+def test_errors_have_their_own_exit_codes(server):
+    rejected = queen(server, "kv", "put", "queen-locks", "x", "1", "--ttl", "60")
+    assert rejected.returncode == 65 and "reserved_namespace" in rejected.stderr
+    assert queen(server, "kv", "put", "cli", "x", "1").returncode == 2  # no lifetime: usage
+    unreachable = queen(server, "kv", "put", "cli", "x", "1", "--ttl", "5", "--url", "http://127.0.0.1:1")
+    assert unreachable.returncode == 69
+
+
+# -- lock ------------------------------------------------------------------------------------------
+
+
+def test_lock_commands_acquire_renew_release_and_show_status(server):
+    acquired = json.loads(queen(server, "lock", "acquire", "nightly", "--ttl", "30s", "--owner", "cron-7", "--json").stdout)
+    assert acquired["acquired"] and acquired["owner"] == "cron-7"
+    held = queen(server, "lock", "acquire", "nightly", "--ttl", "30s")
+    assert held.returncode == EXIT_HELD and "cron-7" in held.stderr
+    renewed = json.loads(queen(server, "lock", "renew", "nightly", "--token", str(acquired["token"]), "--ttl", "30s", "--json").stdout)
+    assert renewed["renewed"] and renewed["token"] > acquired["token"]
+    status = json.loads(queen(server, "lock", "status", "nightly", "--json").stdout)
+    [holder] = status["holders"]
+    assert status["held"] and holder["owner"] == "cron-7" and holder["token"] == renewed["token"]
+    assert holder["fence"] == acquired["token"]
+    assert holder["since"] <= holder["renewedAt"] < holder["expiresAt"]
+    human = queen(server, "lock", "status", "nightly").stdout
+    assert "owner cron-7" in human and "since " in human and "renewed " in human and "expires " in human
+    stale = queen(server, "lock", "release", "nightly", "--token", str(acquired["token"]))
+    assert stale.returncode == 1 and "lost" in stale.stderr
+    assert queen(server, "lock", "release", "nightly", "--token", str(renewed["token"])).returncode == 0
+    assert json.loads(queen(server, "lock", "status", "nightly", "--json").stdout) == {"name": "nightly", "held": False, "holders": []}
+
+
+# -- run-locked ------------------------------------------------------------------------------------
+
+
+JOB = textwrap.dedent("""
+    import os, sys, time
+    log, gate = sys.argv[1], sys.argv[2]
+    me = os.environ["QUEEN_LOCK_FENCE"]
+    with open(log, "a") as f: f.write(f"start:{me}\\n")
+    while not os.path.exists(gate): time.sleep(0.01)
+    with open(log, "a") as f: f.write(f"end:{me}\\n")
+""")
+
+
+def test_run_locked_exports_the_lock_and_exits_with_the_commands_status(server):
+    done = queen(server, "run-locked", "env-job", "--ttl", "30s", "--", sys.executable, "-c",
+                 "import os, sys; print(os.environ['QUEEN_LOCK_TOKEN'], os.environ['QUEEN_LOCK_FENCE']); sys.exit(3)")
+    token, fence = done.stdout.split()
+    assert done.returncode == 3 and token == fence and int(token) > 0
+    killed = queen(server, "run-locked", "env-job", "--ttl", "30s", "--", sys.executable, "-c",
+                   "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert killed.returncode == 128 + signal.SIGKILL
+    assert json.loads(queen(server, "lock", "status", "env-job", "--json").stdout)["holders"] == []  # released
+
+
+def test_two_run_locked_started_together_run_the_command_once_the_other_exits_75(server, tmp_path):
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    job = ["run-locked", "together", "--ttl", "30s", "--", sys.executable, "-c", JOB, str(log), str(gate)]
+    first, second = start(server, *job), start(server, *job)
+    wait_for(lambda: first.poll() is not None or second.poll() is not None)
+    loser, winner = (first, second) if first.poll() is not None else (second, first)
+    assert loser.returncode == EXIT_HELD and "held" in loser.stderr.read()
+    wait_for(lambda: len(lines(log)) == 1)  # the winner's command started, and only it
+    gate.touch()
+    assert winner.wait(20) == 0
+    assert [line.split(":")[0] for line in lines(log)] == ["start", "end"]
+
+
+def test_run_locked_with_wait_runs_after_the_holder_never_alongside(server, tmp_path):
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    job = ["run-locked", "queued", "--ttl", "30s", "--wait", "30s", "--", sys.executable, "-c", JOB, str(log), str(gate)]
+    first, second = start(server, *job), start(server, *job)
+    wait_for(lambda: len(lines(log)) >= 1)
+    assert first.poll() is None and second.poll() is None  # one runs, the other waits its turn
+    gate.touch()
+    assert first.wait(20) == 0 and second.wait(20) == 0
+    entries = lines(log)
+    assert [e.split(":")[0] for e in entries] == ["start", "end", "start", "end"]
+    assert entries[0].split(":")[1] == entries[1].split(":")[1] != entries[2].split(":")[1]
+
+
+def test_killing_the_server_stops_the_command_within_the_lifetime(tmp_path):
+    """A real lease of 1 s: the server is SIGKILLed under a running command; run-locked must stop
+    the command (SIGTERM) within the lifetime, on its own clock."""
+    started, terminated = tmp_path / "started", tmp_path / "terminated"
+    child = textwrap.dedent(f"""
+        import signal, sys, time
+        def stop(signum, frame):
+            open({str(terminated)!r}, "w").write(repr(time.time()))
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        open({str(started)!r}, "w").write("up")
+        while True: time.sleep(0.01)
+    """)
+    with ServerProcess(str(tmp_path / "data")) as dying:
+        runner = start(dying, "run-locked", "doomed", "--ttl", "1s", "--", sys.executable, "-c", child)
+        wait_for(started.exists)
+        killed_at = time.time()
+        dying.kill()
+        status = runner.wait(20)
+    stopped_at = float(terminated.read_text())
+    assert stopped_at - killed_at <= 1.0 + 0.3  # the lifetime, plus process scheduling
+    assert status == 1  # the command exited 0 after losing the lock: not reported as success
+    assert "lost the lock 'doomed' (expired)" in runner.stderr.read()
+
+
+CRON = textwrap.dedent("""
+    import os, sys
+    import queen
+
+    period, log = sys.argv[1], sys.argv[2]
+    with queen.SyncClient() as client:
+        lock = client.lock("nightly-report", ttl="30s")
+        try:
+            with lock.hold():
+                if client.kv.get("cron", f"nightly-report:{period}").found:
+                    sys.exit(0)  # another replica already ran this period
+                with open(log, "a") as f:
+                    f.write(f"{period}:{os.getpid()}\\n")
+                client.transaction().guard(lock).kv.put("cron", f"nightly-report:{period}", "done", ttl="7d").commit()
+        except queen.LockNotAcquired:
+            pass  # another replica is running it right now
+""")
+
+
+def test_three_cron_replicas_produce_exactly_one_run_per_period(server, tmp_path):
+    script, log = tmp_path / "cron.py", tmp_path / "runs"
+    script.write_text(CRON)
+    periods = ["2026-11-27", "2026-11-28", "2026-11-29"]
+    for period in periods:  # the test is the cron daemon of three machines, firing each period
+        env = dict(os.environ, QUEEN_URL=server.url)
+        replicas = [subprocess.Popen([sys.executable, str(script), period, str(log)], env=env) for _ in range(3)]
+        assert [r.wait(60) for r in replicas] == [0, 0, 0]
+    runs = [line.split(":")[0] for line in lines(log)]
+    assert sorted(runs) == periods
