@@ -22,7 +22,13 @@ import anyio.abc
 import h11
 import orjson
 
-from queen.client.errors import ApiError, RequestTimeout, TransportError, UnavailableError, from_response
+from queen.client.errors import (
+    ApiError,
+    RequestTimeout,
+    TransportError,
+    UnavailableError,
+    from_response,
+)
 
 RECEIVE_BYTES = 65536
 # Backoff between retries: from 50 ms doubling to 2 s, full jitter, so a crowd of clients that

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import quote
 
 from queen.client.durations import lifetime_fields
 
@@ -170,7 +169,3 @@ class Kv:
         """Whether the key's version is `expect` (0 = absent). Writes nothing."""
         result = await self._one({"op": "check", "ns": ns, "key": key, "expect": expect}, safe=True)
         return CheckResult(result["applied"], result.get("version", 0))
-
-
-def key_path(ns: str, key: str) -> str:
-    return f"/api/v1/kv/{quote(ns, safe='')}/{quote(key, safe='')}"

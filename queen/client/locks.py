@@ -404,9 +404,8 @@ class Lock:
                 yield self
         finally:
             self._hold_scopes.remove(scope)
-            lost = self._lease.state is State.LOST
             await self._release_quietly()
-        if lost:
+        if scope.cancel_called:  # only a loss cancels it
             raise LockLost(self.name, self._lease.lost_reason)
 
     async def run(self, fn: Callable[..., Awaitable], *args, wait=None) -> RunResult:
