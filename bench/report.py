@@ -15,22 +15,24 @@ SATURATED_PCT = 90.0
 # quiet runs show 10-35% (loopback TCP in softirq); more means another process shared the cores.
 NEIGHBOUR_PCT = 45.0
 
-# The issue's goals, as data so the next issue can add its own.
-GOALS = (
-    {"name": "kv-put 1 op/request within 80% of the do-nothing h11 ceiling",
-     "workload": "kv-put", "ops": 1, "kind": "ceiling_ratio", "at_least": 0.80},
-    {"name": "kv-get 1 op/request within 80% of the do-nothing h11 ceiling",
-     "workload": "kv-get", "ops": 1, "kind": "ceiling_ratio", "at_least": 0.80},
-    {"name": "kv-put 64 ops/request: at least 50,000 durable puts/s",
-     "workload": "kv-put", "ops": 64, "kind": "ops_per_s", "at_least": 50_000},
+SYSTEMS = ("queen", "redis-aof", "redis-mem", "etcd")
+PEER_LABELS = {"queen": "Queen", "redis-aof": "Redis AOF always", "redis-mem": "Redis no persistence",
+               "etcd": "etcd", "baseline": "trio+h11 baseline"}
+
+# The issue's goals for locks, as data: Queen's lock-cycle pairs/s against a peer's best.
+LOCK_GOALS = (
+    # etcd's best at any client count and any shape (one lock per txn, or 64 in one all-or-nothing txn).
+    {"name": "64 ops/request: Queen ≥ 10× etcd's best lock pairs/s at any client count", "ops": 64,
+     "peer": "etcd", "peer_ops": None, "at_least": 10.0},
+    {"name": "64 ops/request: Queen ≥ 10× etcd's best with one lock per txn (etcd's usual recipe)", "ops": 64,
+     "peer": "etcd", "peer_ops": 1, "at_least": 10.0},
+    {"name": "64 ops/request: Queen ≥ 25× etcd's best (further out)", "ops": 64, "peer": "etcd", "peer_ops": None,
+     "at_least": 25.0},
+    {"name": "64 ops/request: Queen level with Redis appendfsync-always, pipelined 64 (further out)", "ops": 64,
+     "peer": "redis-aof", "peer_ops": 64, "at_least": 1.0},
+    {"name": "1 op/request, 16 connections: Queen ≥ 1.3× etcd", "ops": 1, "connections": 16, "peer": "etcd",
+     "peer_ops": 1, "at_least": 1.3},
 )
-
-
-# Systems that answer a write only after an fsync covers it.
-DURABLE_SYSTEMS = frozenset(("queen", "redis-aof", "etcd"))
-# A server whose WAL spent at least this share of the window inside write+fsync was disk-bound.
-DISK_BUSY_PCT = 80.0
-
 
 def bottleneck(cpu: dict, server_cores: int, generator_cores: int, fsync: dict | None = None,
                durable: bool = False) -> str:
@@ -104,51 +106,97 @@ def unattributed_pct(cpu: dict) -> float:
 
 
 def derive(document: dict) -> None:
-    """Add the summary (median over rounds of each configuration), the ratios to the do-nothing
-    ceiling and the goals' verdicts to a finished document, in place."""
+    """Add the summary (median over rounds of each system, workload, ops and connections), the
+    ceiling ratios, the Queen / peer ratios and the goals' verdicts to a finished document, in place."""
     noisy = []
     for run in document["runs"]:
         run["unattributed_pct"] = unattributed_pct(run["cpu"])
         if run["unattributed_pct"] > NEIGHBOUR_PCT:
-            noisy.append(f"{run['workload']} {run['ops']} op(s)"
+            noisy.append(f"{run['system']} {run['workload']} {run['ops']} op(s) {run['connections']}c"
                          + (" (profiled)" if run.get("profiled") else f" #{run.get('round', 1)}"))
     if noisy:
         document["notes"].append(f"{len(noisy)} run(s) had more than {NEIGHBOUR_PCT:.0f}% of a core busy outside our "
                                  f"processes (another process on the machine, or kernel work): {', '.join(noisy)}. "
-                                 "Their req/s and µs/req are likely low; compare medians, or rerun on a quiet machine.")
+                                 "Their rates are likely low; compare medians, or rerun on a quiet machine.")
     groups: dict[tuple, list[dict]] = {}
     for run in document["runs"]:
         if not run.get("profiled"):
-            groups.setdefault((run["workload"], run["ops"], run["connections"]), []).append(run)
+            groups.setdefault((run["system"], run["workload"], run["ops"], run["connections"]), []).append(run)
     summary = []
-    for (workload, ops, connections), runs in groups.items():
-        rates = [run["requests_per_s"] for run in runs]
+    for (system, workload, ops, connections), runs in groups.items():
+        rates = [run["rate_per_s"] for run in runs]
+        units = sorted({unit for run in runs for unit in run["units_per_s"]})
         summary.append({
-            "workload": workload, "ops": ops, "connections": connections, "rounds": len(runs),
-            "requests_per_s": round(_median(rates), 1), "requests_per_s_min": min(rates), "requests_per_s_max": max(rates),
-            "ops_per_s": round(_median([run["ops_per_s"] for run in runs]), 1),
+            "system": system, "workload": workload, "unit": runs[0]["unit"], "ops": ops, "connections": connections,
+            "rounds": len(runs),
+            "rate_per_s": round(_median(rates), 1), "rate_per_s_min": min(rates), "rate_per_s_max": max(rates),
+            "units_per_s": {unit: round(_median([run["units_per_s"].get(unit, 0.0) for run in runs]), 1) for unit in units},
+            "requests_per_s": round(_median([run["requests_per_s"] for run in runs]), 1),
             "p50_us": _median([run["latency"]["p50_us"] or 0 for run in runs]),
             "p99_us": _median([run["latency"]["p99_us"] or 0 for run in runs]),
             "p99_9_us": _median([run["latency"]["p99_9_us"] or 0 for run in runs]),
+            "server_cpu_pct": _median([run["cpu"]["processes_pct_of_core"].get("server", 0) for run in runs]),
+            "generator_cpu_pct": _median([run["cpu"]["processes_pct_of_core"].get("generator", 0) for run in runs]),
             "server_us_per_request": _median([run["server_us_per_request"] or 0 for run in runs]),
+            "bottleneck": sorted(run["bottleneck"] for run in runs)[len(runs) // 2],
+            "durable": runs[0].get("durable", False),
+            "fsync": runs[len(runs) // 2].get("fsync"),
             "errors": sum(sum(run["errors"].values()) + run["undrained"] for run in runs),
         })
     ceilings = {row["connections"]: row["requests_per_s"] for row in summary if row["workload"] == "baseline-h11"}
     for row in summary:
         ceiling = ceilings.get(row["connections"])
-        # The ceiling is one request per round trip; only a one-op request is comparable with it.
-        if ceiling and row["workload"] != "baseline-h11" and row["ops"] == 1:
+        # The ceiling is one request per round trip; only a one-op KV request is comparable with it.
+        if ceiling and row["system"] == "queen" and row["workload"].startswith("kv-") and row["ops"] == 1:
             row["ceiling_ratio"] = round(row["requests_per_s"] / ceiling, 3)
     document["summary"] = summary
+    document["comparison"] = comparison(summary)
+    document["goals"] = lock_goals(summary, document.get("systems", []))
+
+
+def comparison(summary: list[dict]) -> list[dict]:
+    """One row per (workload, ops, connections) Queen ran: each system's headline rate and
+    Queen's ratio to each peer."""
+    by_shape: dict[tuple, dict] = {}
+    for row in summary:
+        if row["system"] not in SYSTEMS:
+            continue
+        shape = by_shape.setdefault((row["workload"], row["ops"], row["connections"]),
+                                    {"workload": row["workload"], "ops": row["ops"], "connections": row["connections"],
+                                     "unit": row["unit"], "rates": {}, "bottlenecks": {}, "errors": 0})
+        shape["rates"][row["system"]] = row["rate_per_s"]
+        shape["bottlenecks"][row["system"]] = row["bottleneck"]
+        shape["errors"] += row["errors"]
+    rows = []
+    for shape in by_shape.values():
+        queen = shape["rates"].get("queen")
+        shape["queen_over"] = {system: (round(queen / rate, 3) if queen is not None and rate else None)
+                               for system, rate in shape["rates"].items() if system != "queen"}
+        rows.append(shape)
+    return rows
+
+
+def lock_goals(summary: list[dict], systems: list[str]) -> list[dict]:
     verdicts = []
-    for goal in GOALS:
-        for row in summary:
-            if row["workload"] == goal["workload"] and row["ops"] == goal["ops"]:
-                value = row.get(goal["kind"])
-                verdicts.append({"goal": goal["name"], "connections": row["connections"], "value": value,
-                                 "at_least": goal["at_least"],
-                                 "met": None if value is None else (value >= goal["at_least"] and not row["errors"])})
-    document["goals"] = verdicts
+    for goal in LOCK_GOALS:
+        queen = [row for row in summary if row["system"] == "queen" and row["workload"] == "lock-cycle"
+                 and row["ops"] == goal["ops"] and row["connections"] == goal.get("connections", row["connections"])]
+        peer = [row for row in summary if row["system"] == goal["peer"] and row["workload"] == "lock-cycle"
+                and row["connections"] == goal.get("connections", row["connections"])
+                and (goal["peer_ops"] is None or row["ops"] == goal["peer_ops"])]
+        verdict = {"goal": goal["name"], "at_least": goal["at_least"], "peer": goal["peer"]}
+        if not queen or not peer:
+            why = "not installed" if goal["peer"] not in systems else "not measured in this run"
+            verdicts.append(dict(verdict, met=None, why=why))
+            continue
+        best_queen = max(queen, key=lambda row: row["rate_per_s"])
+        best_peer = max(peer, key=lambda row: row["rate_per_s"])
+        ratio = best_queen["rate_per_s"] / best_peer["rate_per_s"] if best_peer["rate_per_s"] else None
+        verdicts.append(dict(verdict, queen=best_queen["rate_per_s"], queen_connections=best_queen["connections"],
+                             peer_rate=best_peer["rate_per_s"], peer_ops=best_peer["ops"],
+                             peer_connections=best_peer["connections"], ratio=None if ratio is None else round(ratio, 3),
+                             met=None if ratio is None else bool(ratio >= goal["at_least"] and not best_queen["errors"])))
+    return verdicts
 
 
 def _ms(value_us):
@@ -161,29 +209,96 @@ def _num(value, digits=0):
     return f"{value:,.{digits}f}"
 
 
+def _ratio(value):
+    if value is None:
+        return "–"
+    return f"{value:.2f}×" if value < 10 else f"{value:.1f}×"
+
+
+def _short_bound(bound: str) -> str:
+    return {"server CPU": "CPU", "generator": "gen", "disk": "disk"}.get(bound, "lat" if bound.startswith("latency") else bound)
+
+
 def markdown(document: dict) -> str:
     m = document["machine"]
     s = document["settings"]
+    disk = m.get("disk_fsync") or {}
     lines = [
         f"# Queen benchmark — {document['started_at']}",
         "",
         f"Machine: {m['cpu_model']}, {m['cpus_online']} CPUs, kernel {m['kernel']}, {m['memory_gib']} GiB, "
-        f"Python {m['python']}; data dir on {m.get('data_dir_filesystem', '?')}; queen at {m.get('git_commit')}.",
-        f"Server pinned to CPU {s['server_cpus']}, generator ({s['engine']}, {s['processes']} process(es)) to CPU "
-        f"{s['generator_cpus']}. Closed loop: each connection keeps one request outstanding. "
-        f"Warm-up {s['warmup_s']} s, measured {s['duration_s']} s per run; {s['keys_total']:,} keys.",
+        f"Python {m['python']}; data dirs on {m.get('data_dir_filesystem', '?')}; queen at {m.get('git_commit')}.",
+        f"Disk: {_num(disk.get('fsyncs_per_s'))} fsyncs/s ({disk.get('method', '?')}, {disk.get('duration_s', '?')} s; "
+        f"mean {disk.get('mean_us')} µs, p99 {disk.get('p99_us')} µs): the most a server can do with one fsync per "
+        "durable write, and the unit of the \"fsync share\" column.",
+        f"Servers pinned to CPU {s['server_cpus']}, generators to CPU {s['generator_cpus']} (Queen and Redis: the "
+        f"Python raw-socket generator, {s['engine']}, {s['processes']} process(es); etcd: the Go clientv3 loader). "
+        f"Closed loop: each connection keeps one request outstanding. Warm-up {s['warmup_s']} s, measured "
+        f"{s['duration_s']} s per run; {s['keys_total']:,} keys. Command: `{document.get('command', '')}`.",
         "",
-        "| workload | ops/req | conns | req/s | ops/s | p50 ms | p99 ms | p99.9 ms | errors | saturated |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
+    peers = document.get("systems", [])
+    missing = document.get("peers_missing", {})
+    status = [f"{PEER_LABELS.get(system, system)}: ran" for system in peers if system != "queen"]
+    status += [f"{PEER_LABELS.get(system, system)}: **{why}**" for system, why in missing.items()]
+    if status:
+        lines += ["Peers: " + "; ".join(status) + ".", ""]
+    comparison_rows = document.get("comparison", [])
+    shown = [system for system in SYSTEMS if system in peers or system in missing]
+    if comparison_rows and len(shown) > 1:
+        peers_only = [system for system in shown if system != "queen"]
+        lines += ["## Queen / peers",
+                  "",
+                  "Headline rate per workload (unit in the second column; median over rounds), then Queen ÷ peer. "
+                  "Bound by: CPU = the server used ≥ 90% of its core, gen = the generator did, disk = the server's "
+                  "fsyncs kept the disk busy ≥ 80% of the window, lat = neither (the closed loop waited on round "
+                  "trips and fsyncs). \"n/a\": the peer has no such operation.",
+                  "",
+                  "| workload | unit | ops | conns | " + " | ".join(PEER_LABELS[x] for x in shown) + " | "
+                  + " | ".join(f"Queen ÷ {PEER_LABELS[x]}" for x in peers_only) + " | bound by (" + ", ".join(
+                      PEER_LABELS[x] for x in shown) + ") |",
+                  "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in shown) + " | "
+                  + " | ".join("---:" for _ in peers_only) + " | --- |"]
+        for row in comparison_rows:
+            cells = []
+            for system in shown:
+                if system in missing:
+                    cells.append("not installed")
+                else:
+                    cells.append(_num(row["rates"].get(system)) if system in row["rates"] else "n/a")
+            ratios = [("–" if system in missing else _ratio(row["queen_over"].get(system))) for system in peers_only]
+            bounds = ", ".join(_short_bound(row["bottlenecks"][x]) if x in row["bottlenecks"] else "–" for x in shown)
+            lines.append(f"| {row['workload']} | {row['unit']}/s | {row['ops']} | {row['connections']} | "
+                         + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {bounds} |")
+        lines.append("")
+    if document.get("goals"):
+        lines += ["## Goals (lock acquire+release pairs/s, durable, server and loader on separate cores)", ""]
+        for verdict in document["goals"]:
+            mark = {True: "MET", False: "NOT MET", None: "?"}[verdict["met"]]
+            if "ratio" in verdict:
+                lines.append(f"- {mark}: {verdict['goal']}: Queen {_num(verdict['queen'])} pairs/s "
+                             f"({verdict['queen_connections']} conns) vs {PEER_LABELS[verdict['peer']]} "
+                             f"{_num(verdict['peer_rate'])} ({verdict['peer_ops']} op(s)/request, "
+                             f"{verdict['peer_connections']} conns): {_ratio(verdict['ratio'])}")
+            else:
+                lines.append(f"- {mark}: {verdict['goal']}: {verdict['why']}")
+        lines.append("")
+    lines += ["## Every run", "",
+              "Rates are per second over the measured window; \"also\" lists the workload's other counters "
+              "(acquired = grants, i.e. hand-overs on a contended lock; answers = acquire answers). "
+              "CPU in % of one core. fsync share = the server's fsyncs/s ÷ the disk's measured rate (Queen and etcd "
+              "report their fsyncs; Redis does not).",
+              "",
+              "| system | workload | ops | conns | req/s | rate | also | p50 ms | p99 ms | p99.9 ms | server CPU | generator CPU "
+              "| server µs/req | fsyncs/s (share) | bound by | errors |",
+              "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     cpu_lines = [
-        "CPU over each measured window, in % of one core (server = all its threads; main = the event loop, "
-        "workers = trio threads doing WAL write+fsync; cores include kernel and softirq work and any other process, "
-        "so a core much busier than the processes pinned to it had a neighbour during that run; unattributed = "
-        "both cores' busy time minus our processes'):",
+        "CPU detail, in % of one core (server = all its threads; main / workers = Queen's event loop and its "
+        "WAL threads; cores include kernel and softirq work and any other process; unattributed = both cores' "
+        "busy time minus our processes'):",
         "",
-        "| workload | ops/req | server | main / workers | server µs/req | generator | generator µs/req | cpu0 busy | cpu1 busy | steal | unattributed |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| system | workload | ops | conns | main / workers | generator µs/req | cpu0 busy | cpu1 busy | steal | unattributed |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for run in document["runs"]:
         latency = run["latency"]
@@ -196,50 +311,49 @@ def markdown(document: dict) -> str:
         name = run["workload"] + (" (profiled)" if run.get("profiled") else "")
         if document["settings"].get("repeat", 1) > 1 and not run.get("profiled"):
             name += f" #{run.get('round', 1)}"
+        also = ", ".join(f"{unit} {_num(rate)}" for unit, rate in run["units_per_s"].items() if unit != run["unit"])
+        fsync = run.get("fsync")
+        fsync_cell = (f"{_num(fsync['fsyncs_per_s'])} ({100 * fsync['share_of_disk_fsync_rate']:.1f}%)"
+                      if fsync and fsync.get("share_of_disk_fsync_rate") is not None else "–")
         lines.append(
-            f"| {name} | {run['ops']} | {run['connections']} | {_num(run['requests_per_s'])} | {_num(run['ops_per_s'])} "
+            f"| {run['system']} | {name} | {run['ops']} | {run['connections']} | {_num(run['requests_per_s'])} "
+            f"| {_num(run['rate_per_s'])} {run['unit']} | {also} "
             f"| {_ms(latency['p50_us'])} | {_ms(latency['p99_us'])} | {_ms(latency['p99_9_us'])} "
-            f"| {'**' + str(errors) + '**' if errors else 0} | {run['bottleneck']} |")
+            f"| {procs.get('server', 0):.0f}% | {procs.get('generator', 0):.0f}% | {_num(run['server_us_per_request'])} "
+            f"| {fsync_cell} | {run['bottleneck']} | {'**' + str(errors) + '**' if errors else 0} |")
+        main_workers = (f"{max(0.0, threads.get('main thread', 0)):.0f}% / {max(0.0, threads.get('other threads', 0)):.0f}%"
+                        if threads else "–")
         cpu_lines.append(
-            f"| {name} | {run['ops']} | {procs.get('server', 0):.0f}% "
-            f"| {max(0.0, threads.get('main thread', 0)):.0f}% / {max(0.0, threads.get('other threads', 0)):.0f}% "
-            f"| {_num(run['server_us_per_request'])} | {procs.get('generator', 0):.0f}% | {_num(run['generator_us_per_request'])} "
-            f"| {_num(cores.get('cpu0'))}% | {_num(cores.get('cpu1'))}% | {steal:.1f}% | {max(0.0, run.get('unattributed_pct', 0)):.0f}% |")
+            f"| {run['system']} | {name} | {run['ops']} | {run['connections']} | {main_workers} "
+            f"| {_num(run['generator_us_per_request'])} | {_num(cores.get('cpu0'))}% | {_num(cores.get('cpu1'))}% "
+            f"| {steal:.1f}% | {max(0.0, run.get('unattributed_pct', 0)):.0f}% |")
     lines += [""] + cpu_lines + [""]
     summary = document.get("summary", [])
     if document["settings"].get("repeat", 1) > 1:
-        lines += [f"Median of {document['settings']['repeat']} interleaved rounds (range of req/s in brackets):", "",
-                  "| workload | ops/req | conns | req/s | ops/s | p50 ms | p99 ms | p99.9 ms | server CPU µs/req | errors |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"Median of {document['settings']['repeat']} interleaved rounds (range of the rate in brackets):", "",
+                  "| system | workload | ops | conns | rate | p50 ms | p99 ms | p99.9 ms | server CPU µs/req | errors |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for row in summary:
-            lines.append(f"| {row['workload']} | {row['ops']} | {row['connections']} | {_num(row['requests_per_s'])} "
-                         f"({_num(row['requests_per_s_min'])}–{_num(row['requests_per_s_max'])}) | {_num(row['ops_per_s'])} "
+            lines.append(f"| {row['system']} | {row['workload']} | {row['ops']} | {row['connections']} "
+                         f"| {_num(row['rate_per_s'])} {row['unit']} ({_num(row['rate_per_s_min'])}–{_num(row['rate_per_s_max'])}) "
                          f"| {_ms(row['p50_us'])} | {_ms(row['p99_us'])} | {_ms(row['p99_9_us'])} "
                          f"| {_num(row['server_us_per_request'])} | {row['errors']} |")
         lines.append("")
     ratios = [row for row in summary if "ceiling_ratio" in row]
     if ratios:
-        lines += ["Share of the do-nothing trio+h11 ceiling (1-op req/s ÷ baseline-h11 req/s at the same connections):", ""]
+        lines += ["Share of the do-nothing trio+h11 ceiling (Queen 1-op KV req/s ÷ baseline-h11 req/s at the same connections):", ""]
         for row in ratios:
             lines.append(f"- {row['workload']}, {row['connections']} connections: {100 * row['ceiling_ratio']:.0f}%")
         lines.append("")
-    if document.get("goals"):
-        lines += ["Goals:", ""]
-        for verdict in document["goals"]:
-            mark = {True: "MET", False: "NOT MET", None: "?"}[verdict["met"]]
-            value = verdict["value"]
-            shown = f"{100 * value:.0f}%" if value is not None and value < 10 else _num(value)
-            lines.append(f"- {mark}: {verdict['goal']} ({verdict['connections']} connections): {shown}")
-        lines.append("")
     wal_runs = [run for run in document["runs"] if run.get("wal")]
     if wal_runs:
-        lines += ["Group commit over each window (from the server's /metrics):", "",
-                  "| workload | ops/req | frames/s | records/frame | write+fsync ms/frame | writer busy in write+fsync | snapshots |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += ["Queen's group commit over each window (from its /metrics):", "",
+                  "| workload | ops | conns | frames/s | records/frame | write+fsync ms/frame | writer busy in write+fsync | snapshots |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for run in wal_runs:
             wal = run["wal"]
-            lines.append(f"| {run['workload']}{' (profiled)' if run.get('profiled') else ''} | {run['ops']} | {_num(wal['frames_per_s'])} "
-                         f"| {_num(wal['records_per_frame'], 1)} | {_num(wal['write_fsync_ms_mean'], 3)} "
+            lines.append(f"| {run['workload']}{' (profiled)' if run.get('profiled') else ''} | {run['ops']} | {run['connections']} "
+                         f"| {_num(wal['frames_per_s'])} | {_num(wal['records_per_frame'], 1)} | {_num(wal['write_fsync_ms_mean'], 3)} "
                          f"| {_num(wal['write_fsync_busy_pct'], 1)}% | {wal['snapshots']} |")
         lines.append("")
     for run in document["runs"]:
@@ -249,19 +363,21 @@ def markdown(document: dict) -> str:
     if failed:
         lines += ["## ERRORS", ""]
         for run in failed:
-            lines.append(f"- **{run['workload']} {run['ops']} op(s), {run['connections']} connections: "
+            lines.append(f"- **{run['system']} {run['workload']} {run['ops']} op(s), {run['connections']} connections: "
                          f"{run['errors']}; {run['undrained']} request(s) never answered**")
             for sample in run["error_samples"]:
                 lines.append(f"  - `{sample[:200]}`")
         lines.append("")
     for note in document.get("notes", []):
         lines.append(f"Note: {note}")
+    if document.get("chart"):
+        lines += ["", f"![throughput and latency per workload and system]({document['chart']})"]
     return "\n".join(lines).rstrip() + "\n"
 
 
 def _profile_section(run: dict) -> list[str]:
     profile = run["profile"]
-    title = f"Server CPU by layer, {run['workload']} {run['ops']} op(s)/request"
+    title = f"Server CPU by layer, {run['system']} {run['workload']} {run['ops']} op(s)/request, {run['connections']} connections"
     if "error" in profile:
         return [f"{title}: profile failed: {profile['error']}", ""]
     threads = run["cpu"].get("server_threads_pct_of_core", {})

@@ -87,7 +87,7 @@ class ServerProcess:
 
     def metrics(self) -> dict[str, float]:
         """Prometheus text of /metrics as {name: value} (a labelled series keeps its labels in the name)."""
-        status, body = self.get("/metrics")
+        status, body = http_get_to_close(self.port, "/metrics")
         if status != 200:
             return {}
         values = {}
@@ -203,3 +203,31 @@ def etcd_server(data_dir: str, log_path: str, cpus: list[int] | None) -> ServerP
             "--initial-cluster", f"bench={peer}", "--initial-cluster-state", "new",
             "--log-level", "warn", "--logger", "zap", "--log-outputs", "stderr"]
     return ServerProcess("etcd", argv, port, log_path, cpus, health=_etcd_health)
+
+
+def http_get_to_close(port: int, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
+    """GET with `connection: close`, read to the end; a chunked body (etcd's /metrics) is decoded."""
+    with socket.create_connection((HOST, port), timeout=timeout_s) as sock:
+        sock.sendall(b"GET %s HTTP/1.1\r\nhost: %s:%d\r\nconnection: close\r\n\r\n" % (path.encode(), HOST.encode(), port))
+        chunks = []
+        while True:
+            chunk = sock.recv(1 << 18)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    data = b"".join(chunks)
+    head, _, body = data.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 "):
+        raise ResponseError(f"not an HTTP/1.1 answer: {head[:40]!r}")
+    status = int(head[9:12])
+    if b"transfer-encoding: chunked" in head.lower():
+        out, position = [], 0
+        while True:
+            end = body.find(b"\r\n", position)
+            size = int(body[position:end].split(b";")[0], 16)
+            if size == 0:
+                break
+            out.append(body[end + 2:end + 2 + size])
+            position = end + 2 + size + 2
+        body = b"".join(out)
+    return status, body

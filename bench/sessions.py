@@ -504,7 +504,7 @@ class QueenGuardedTxn(Session):
                 {"op": "put", "ns": KV_NS, "key": key, "value": VALUE, "ttlSeconds": KV_TTL_S} for key in keys]}))
                 for keys in self.groups]
             return
-        if b'"success":true' not in body:
+        if b'"success":true' not in bytes(body):
             tally.error("txn_failed", _sample(body))
         elif counting:
             _count(tally, "txns", 1)
