@@ -74,7 +74,7 @@ class Router:
                 parts.setdefault(shard, []).append((position, op))
         call = Call(slots, len(parts))
         for shard, work in parts.items():
-            await self.actors[shard].send_channel.send((OPS, call, work))
+            await _send(self.actors[shard], (OPS, call, work))
         await call.done.wait()
         if call.error is not None:
             raise call.error
@@ -112,15 +112,15 @@ class Router:
                 parts.setdefault(shard, []).append((position, op))
         call = Call(len(ops), len(parts) + len(waits))
         for shard, work in parts.items():
-            await self.actors[shard].send_channel.send((OPS, call, work))
+            await _send(self.actors[shard], (OPS, call, work))
         for shard, position, op in waits:
-            await self.actors[shard].send_channel.send((WAIT, call, (position, op)))
+            await _send(self.actors[shard], (WAIT, call, (position, op)))
         if waits and wait_gone is not None:
             async with trio.open_nursery() as nursery:
                 async def abandon_when_gone():
                     await wait_gone()
                     for shard in {shard for shard, _, _ in waits}:
-                        await self.actors[shard].send_channel.send((ABANDON, call, None))
+                        await _send(self.actors[shard], (ABANDON, call, None))
 
                 nursery.start_soon(abandon_when_gone)
                 await call.done.wait()
@@ -171,6 +171,16 @@ class Router:
         await waiter.done.wait()
         if waiter.error is not None:
             raise waiter.error
+
+
+async def _send(actor: ShardActor, message) -> None:
+    """Queue a message for an actor. send_nowait first: `await send` always passes through the
+    scheduler, a task switch per request that the caller pays again when it waits for the answer
+    anyway; only a full queue (backpressure) needs the awaiting form."""
+    try:
+        actor.send_channel.send_nowait(message)
+    except trio.WouldBlock:
+        await actor.send_channel.send(message)
 
 
 def _merge_prefix_pages(pages: list[dict], limit: int) -> dict:
