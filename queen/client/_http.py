@@ -43,12 +43,18 @@ def backoff_s(attempt: int) -> float:
     return random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_FIRST_S * (2 ** attempt)))
 
 
+# A connection idle for longer than this is peeked at before reuse. The server closes idle ones
+# after 60 s by default; peeking every time would cost a system call per request.
+IDLE_PEEK_AFTER_S = 1.0
+
+
 class _Connection:
-    __slots__ = ("stream", "h11")
+    __slots__ = ("stream", "h11", "idle_since")
 
     def __init__(self, stream: anyio.abc.ByteStream):
         self.stream = stream
         self.h11 = h11.Connection(h11.CLIENT)
+        self.idle_since = 0.0
 
     def looks_closed(self) -> bool:
         """Whether the server already hung up on this idle connection (its idle timeout): a peek
@@ -109,7 +115,7 @@ class Transport:
             connection = None
             while self._idle:
                 candidate = self._idle.pop()
-                if candidate.looks_closed():
+                if anyio.current_time() - candidate.idle_since > IDLE_PEEK_AFTER_S and candidate.looks_closed():
                     await _close(candidate)
                     continue
                 connection = candidate
@@ -134,6 +140,7 @@ class Transport:
                     await _close(connection)
                 raise
             if reusable:
+                connection.idle_since = anyio.current_time()
                 self._idle.append(connection)
             else:
                 await _close(connection)
