@@ -173,7 +173,7 @@ def test_killing_the_server_stops_the_command_within_the_lifetime(tmp_path):
         dying.kill()
         status = runner.wait(20)
     stopped_at = float(terminated.read_text())
-    assert stopped_at - killed_at <= 1.0 + 0.3  # the lifetime, plus process scheduling
+    assert stopped_at - killed_at <= 1.0 + 0.5  # the lifetime, plus process scheduling
     assert status == 1  # the command exited 0 after losing the lock: not reported as success
     assert "lost the lock 'doomed' (expired)" in runner.stderr.read()
 

@@ -208,7 +208,6 @@ class Lock:
 
     def _after_loss(self) -> None:
         reason = self._lease.lost_reason
-        logger.warning("event=lock_lost name=%s owner=%s reason=%s", self.name, self.owner, reason)
         self._client._forget(self)
         for scope in self._hold_scopes:
             scope.cancel()
@@ -220,6 +219,7 @@ class Lock:
                 callback(reason)
             except Exception:  # a broken callback must not stop the other holders' renewals
                 logger.exception("event=on_lost_callback_failed name=%s", self.name)
+        logger.warning("event=lock_lost name=%s owner=%s reason=%s", self.name, self.owner, reason)
 
     # -- acquire and release -----------------------------------------------------------------------
 
