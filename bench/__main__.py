@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -26,10 +27,25 @@ import time
 from bench import diskprobe, report, sysinfo
 from bench.loadgen import ENGINES, Generator
 from bench.profile import Profiler
-from bench.servers import (HOST, ServerProcess, baseline_server, etcd_server, peer_missing, queen_server, redis_call,
-                           redis_server)
+from bench.servers import (
+    HOST,
+    ServerProcess,
+    baseline_server,
+    etcd_server,
+    peer_missing,
+    queen_server,
+    redis_call,
+    redis_server,
+)
 from bench.sessions import redis_setup_commands
-from bench.workloads import FAMILY, KEYS_TOTAL, WORKLOADS, Workload, preload_requests, redis_preload_commands
+from bench.workloads import (
+    FAMILY,
+    KEYS_TOTAL,
+    WORKLOADS,
+    Workload,
+    preload_requests,
+    redis_preload_commands,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_WORKLOADS = ("lock-cycle,lock-renew,lock-hot,lock-hot-wait,sem8,sem8-wait,kv-put,kv-get,kv-cas,txn-guarded,"
@@ -205,6 +221,9 @@ def run_one(args, system: str, server: ServerProcess, workload: Workload, ops: i
     cpu = cpu_after.since(cpu_before)
     if server.process.poll() is not None:
         tally.error("server_died", f"{server.name} exited with {server.process.returncode} during the run")
+    if tally.completed == 0:
+        # Nothing answered inside the window: a stalled server or loader, never a rate of zero.
+        tally.error("no_answers", f"no request completed in the {duration_s} s window ({tally.answered} answered in all)")
     wall_s = duration_s  # the window the generator counted in; cpu["wall_s"] is the sampler's view of it
     units_per_s = {unit: round(count / wall_s, 1) for unit, count in sorted(tally.units.items())}
     run = {
@@ -281,7 +300,8 @@ def stop_servers(servers: dict, data_dirs: dict, args, document: dict) -> None:
         document["servers"].append({"name": server.name, "pid": server.process.pid if server.process else None,
                                     "port": server.port, "exit_code": server.exit_code, "killed": server.killed,
                                     "log": os.path.basename(server.log_path)})
-        if server.exit_code != 0:
+        # etcd and Redis end on SIGTERM by re-raising it (exit -15 as Popen sees it): that is a clean stop.
+        if server.exit_code not in (0, -signal.SIGTERM) or server.killed:
             document["notes"].append(f"{server.name} exited with {server.exit_code}"
                                      f"{' after SIGKILL' if server.killed else ''}; see {os.path.basename(server.log_path)}")
         if target in data_dirs and not args.keep_data:

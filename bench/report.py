@@ -34,6 +34,12 @@ LOCK_GOALS = (
      "peer_ops": 1, "at_least": 1.3},
 )
 
+# Systems that answer a write only after an fsync covers it.
+DURABLE_SYSTEMS = frozenset(("queen", "redis-aof", "etcd"))
+# A server whose WAL spent at least this share of the window inside write+fsync was disk-bound.
+DISK_BUSY_PCT = 80.0
+
+
 def bottleneck(cpu: dict, server_cores: int, generator_cores: int, fsync: dict | None = None,
                durable: bool = False) -> str:
     """Which side set the pace, from CPU use over the measured window: "generator", "server CPU",

@@ -62,7 +62,7 @@ class EtcdLoader:
         self.cpus = cpus
         self.process: subprocess.Popen | None = None
         self.pids: list[int] = []
-        self.window_s = 0.0
+        self.window_ms = (0, 0)
 
     def start(self) -> None:
         cpus = self.cpus
@@ -81,8 +81,8 @@ class EtcdLoader:
             raise RuntimeError(f"etcdload did not get ready: {line[:300]!r}")
 
     def go(self, warmup_s: float, duration_s: float) -> tuple[int, int, int]:
-        self.window_s = warmup_s + duration_s
-        self.process.stdin.write(b"%d %d\n" % (round(warmup_s * 1000), round(duration_s * 1000)))
+        self.window_ms = (round(warmup_s * 1000), round(duration_s * 1000))
+        self.process.stdin.write(b"%d %d\n" % self.window_ms)
         self.process.stdin.flush()
         t_start = time.monotonic_ns() + START_DELAY_NS
         t_measure = t_start + int(warmup_s * 1e9)
@@ -98,7 +98,13 @@ class EtcdLoader:
         if self.process.returncode != 0:
             raise RuntimeError(f"etcdload exited with {self.process.returncode}: {self._stderr_tail()}")
         self.stderr.close()
-        return Tally.from_wire(json.loads(line))
+        wire = json.loads(line)
+        # The loader counts in the window it was told; a stale binary that ignores it would be
+        # divided by the wrong duration, so the two must agree.
+        if wire.get("window_ms") != list(self.window_ms):
+            raise RuntimeError(f"etcdload used the window {wire.get('window_ms')} ms, not {list(self.window_ms)}: "
+                               "rebuild it (bench/peers/build_etcdload.sh)")
+        return Tally.from_wire(wire)
 
     def _stderr_tail(self) -> str:
         self.stderr.seek(0)

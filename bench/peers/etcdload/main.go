@@ -597,6 +597,7 @@ type output struct {
 	Bytes        int64                  `json:"bytes_received"`
 	Undrained    int64                  `json:"undrained"`
 	Units        map[string]int64       `json:"units"`
+	WindowMs     [2]int64               `json:"window_ms"` // the warm-up and window used, checked by the caller
 }
 
 func fail(format string, args ...interface{}) {
@@ -727,6 +728,7 @@ func main() {
 			"sum": merged.sum, "sub_bits": subBits},
 		Completed: merged.completed, Answered: merged.answered, Errors: merged.errors,
 		ErrorSamples: merged.samples, Units: merged.units,
+		WindowMs: [2]int64{cfg.warmup.Milliseconds(), cfg.duration.Milliseconds()},
 	}
 	if out.ErrorSamples == nil {
 		out.ErrorSamples = []string{}
