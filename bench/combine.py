@@ -1,0 +1,67 @@
+"""`python -m bench.combine OUT DIR...`: one report from several sessions' results.json.
+
+A full comparison (every workload at 1, 16 and 64 connections on four systems) takes longer
+than one sitting on a shared host should hold the machine, so it can run as several sessions,
+each with its own `--workloads`; this joins their runs into one document (the machine block and
+disk measurement of the first session, every session's command and disk figure kept under
+"sessions"), derives the summary, ratios and goals again, and writes results.json, results.md
+and chart.png to OUT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from bench import report
+
+
+def combine(directories: list[str]) -> dict:
+    documents = []
+    for directory in directories:
+        with open(os.path.join(directory, "results.json")) as f:
+            documents.append(json.load(f))
+    first = documents[0]
+    combined = {key: first[key] for key in ("started_at", "machine", "settings")}
+    combined["command"] = " ; ".join(document["command"] for document in documents)
+    combined["sessions"] = [{"started_at": d["started_at"], "command": d["command"],
+                             "disk_fsync": d["machine"].get("disk_fsync"), "git_commit": d["machine"].get("git_commit")}
+                            for d in documents]
+    combined["systems"] = list(dict.fromkeys(system for d in documents for system in d.get("systems", [])))
+    combined["peers_missing"] = {k: v for d in documents for k, v in d.get("peers_missing", {}).items()}
+    combined["runs"] = [run for d in documents for run in d["runs"]]
+    combined["servers"] = [server for d in documents for server in d.get("servers", [])]
+    # Notes derived from the runs are made again by derive(); keep only the sessions' own.
+    combined["notes"] = [note for d in documents for note in d.get("notes", [])
+                         if "busy outside our processes" not in note]
+    commits = {d["machine"].get("git_commit") for d in documents}
+    if len(commits) > 1:
+        combined["notes"].append(f"the sessions measured different commits: {', '.join(sorted(map(str, commits)))}")
+    report.derive(combined)
+    return combined
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out, directories = argv[0], argv[1:]
+    os.makedirs(out, exist_ok=True)
+    document = combine(directories)
+    try:
+        from bench import chart
+        chart.render(document, os.path.join(out, "chart.png"))
+        document["chart"] = "chart.png"
+    except ImportError as error:
+        document["notes"].append(f"no chart: {error}")
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(document, f, indent=1)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(report.markdown(document))
+    print(f"wrote {out}/results.json, results.md" + (" and chart.png" if document.get("chart") else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
