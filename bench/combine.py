@@ -30,11 +30,24 @@ def combine(directories: list[str]) -> dict:
                             for d in documents]
     combined["systems"] = list(dict.fromkeys(system for d in documents for system in d.get("systems", [])))
     combined["peers_missing"] = {k: v for d in documents for k, v in d.get("peers_missing", {}).items()}
-    combined["runs"] = [run for d in documents for run in d["runs"]]
+    shapes: dict[tuple, list[dict]] = {}
+    replaced = []
+    for index, d in enumerate(documents):
+        fresh: dict[tuple, list[dict]] = {}
+        for run in d["runs"]:
+            shape = (run["system"], run["workload"], run["ops"], run["connections"], bool(run.get("profiled")))
+            fresh.setdefault(shape, []).append(run)
+        for shape, runs in fresh.items():
+            if shape in shapes:
+                replaced.append(f"{shape[0]} {shape[1]} {shape[2]} op(s) {shape[3]}c by session {index + 1}")
+            shapes[shape] = runs
+    combined["runs"] = [run for runs in shapes.values() for run in runs]
     combined["servers"] = [server for d in documents for server in d.get("servers", [])]
     # Notes derived from the runs are made again by derive(); keep only the sessions' own.
     combined["notes"] = [note for d in documents for note in d.get("notes", [])
                          if "busy outside our processes" not in note]
+    if replaced:
+        combined["notes"].append("re-measured, the later run replaces the earlier: " + ", ".join(replaced))
     commits = {d["machine"].get("git_commit") for d in documents}
     if len(commits) > 1:
         combined["notes"].append(f"the sessions measured different commits: {', '.join(sorted(map(str, commits)))}")
