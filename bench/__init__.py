@@ -4,10 +4,15 @@ Speed lives here, never in timed test assertions (STYLE.md). `python -m bench --
 README.md beside this file says what each figure means.
 
 Modules:
-  workloads.py    the workloads as data, and the bytes each request is
-  loadgen.py      closed-loop HTTP/1.1 clients over raw sockets, in pinned processes
+  workloads.py    the workloads as data: unit, and per system the session or Go workload
+  sessions.py     per-connection request builders (HTTP for Queen, RESP for Redis) that read answers
+  loadgen.py      closed-loop clients over raw sockets, in pinned processes
+  diskprobe.py    the data disk's fsync rate, measured at the start of a session
+  chart.py        chart.png (matplotlib)
+  combine.py      one report from several sessions
+  peers/          install.sh, the Go etcd loader (etcdload/) and its driver (etcd.py)
   histogram.py    log-bucket latency histogram (HdrHistogram-like)
-  servers.py      the servers under test as pinned child processes
+  servers.py      the servers under test (Queen, baseline, Redis, etcd) as pinned child processes
   baseline_h11.py a do-nothing trio+h11 server: the per-request ceiling
   sysinfo.py      machine description and CPU accounting from /proc
   profile.py      py-spy on the server, folded into layers
