@@ -68,7 +68,8 @@ def render(document: dict, path: str) -> None:
         axis.set_xticklabels(labels, fontsize=8)
         axis.grid(axis="y", which="both", alpha=0.3)
     top.legend(fontsize=8, loc="upper right")
-    bottom.legend(fontsize=7, ncol=max(1, len(systems)), loc="upper left")
+    # Below the axes, not on them: the latency points span the whole panel.
+    bottom.legend(fontsize=7, ncol=max(1, len(systems)), loc="upper center", bbox_to_anchor=(0.5, -0.12))
     machine = document["machine"]
     figure.suptitle(f"Queen vs peers — {document['started_at']} — {machine['cpu_model']}, {machine['cpus_online']} CPUs, "
                     f"disk {machine.get('disk_fsync', {}).get('fsyncs_per_s', 0):,.0f} fsyncs/s", fontsize=10)
