@@ -88,10 +88,6 @@ class WalWriter:
             assert version <= self._last_version, "waiting for a version nobody submitted"
             self._waiters.append(waiter)
 
-    @property
-    def pending_records(self) -> int:
-        return len(self._records)
-
     # -- the writer task ---------------------------------------------------------------------------
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
