@@ -74,9 +74,6 @@ class Row:
         self.updated_at_ms = updated_at_ms
         self.expires_at_ms = expires_at_ms  # 0 means forever
 
-    def expires_at(self):
-        return self.expires_at_ms or None
-
 
 class Table:
     """The rows of one namespace on one shard, with their keys kept in order for prefix pages."""
