@@ -13,7 +13,7 @@ Modules:
   peers/          install.sh, the Go etcd loader (etcdload/) and its driver (etcd.py)
   histogram.py    log-bucket latency histogram (HdrHistogram-like)
   servers.py      the servers under test (Queen, baseline, Redis, etcd) as pinned child processes
-  baseline_h11.py a do-nothing trio+h11 server: the per-request ceiling
+  baseline_http.py a do-nothing server on Queen's HTTP layer: the per-request ceiling
   sysinfo.py      machine description and CPU accounting from /proc
   profile.py      py-spy on the server, folded into layers
   report.py       results.json and its Markdown rendering

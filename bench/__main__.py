@@ -2,7 +2,7 @@
 
 A session: measure the data disk's fsync rate (the physical limit of every durable figure); start
 every server the chosen workloads and peers need (a fresh `queen serve` on a temporary data
-directory, the do-nothing trio+h11 baseline, Redis with appendfsync always and without
+directory, the do-nothing baseline on Queen's HTTP layer, Redis with appendfsync always and without
 persistence, single-node etcd), each pinned to the server CPU, and wait until each answers; run
 every (workload, connections, ops per request, system), `--repeat` rounds interleaved, with the
 generator pinned to the generator CPU (the raw-socket generator for Queen and Redis, the Go
@@ -49,7 +49,7 @@ from bench.workloads import (
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_WORKLOADS = ("lock-cycle,lock-renew,lock-hot,lock-hot-wait,sem8,sem8-wait,kv-put,kv-get,kv-cas,txn-guarded,"
-                     "baseline-h11")
+                     "baseline-http")
 QUICK_WORKLOADS = "lock-cycle,lock-hot-wait,kv-put,kv-cas,txn-guarded"
 PEERS = {"redis": ("redis-aof", "redis-mem"), "etcd": ("etcd",)}
 SYSTEM_ORDER = ("queen", "baseline", "redis-aof", "redis-mem", "etcd")
@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
         description="Load-test Queen (locks, semaphores, KV, guarded transactions) side by side with Redis and etcd "
-                    "and a do-nothing trio+h11 ceiling; write results.json, results.md and chart.png. Run from the "
+                    "and a do-nothing HTTP ceiling; write results.json, results.md and chart.png. Run from the "
                     "repository root.")
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run (default 10)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds sent before measuring (default 2)")

@@ -17,7 +17,7 @@ NEIGHBOUR_PCT = 45.0
 
 SYSTEMS = ("queen", "redis-aof", "redis-mem", "etcd")
 PEER_LABELS = {"queen": "Queen", "redis-aof": "Redis AOF always", "redis-mem": "Redis no persistence",
-               "etcd": "etcd", "baseline": "trio+h11 baseline"}
+               "etcd": "etcd", "baseline": "HTTP-layer baseline"}
 
 # The goals for locks, as data: Queen's lock-cycle pairs/s against a peer's best.
 LOCK_GOALS = (
@@ -149,7 +149,7 @@ def derive(document: dict) -> None:
             "fsync": runs[len(runs) // 2].get("fsync"),
             "errors": sum(sum(run["errors"].values()) + run["undrained"] for run in runs),
         })
-    ceilings = {row["connections"]: row["requests_per_s"] for row in summary if row["workload"] == "baseline-h11"}
+    ceilings = {row["connections"]: row["requests_per_s"] for row in summary if row["workload"] == "baseline-http"}
     for row in summary:
         ceiling = ceilings.get(row["connections"])
         # The ceiling is one request per round trip; only a one-op KV request is comparable with it.
@@ -347,7 +347,7 @@ def markdown(document: dict) -> str:
         lines.append("")
     ratios = [row for row in summary if "ceiling_ratio" in row]
     if ratios:
-        lines += ["Share of the do-nothing trio+h11 ceiling (Queen 1-op KV req/s ÷ baseline-h11 req/s at the same connections):", ""]
+        lines += ["Share of the do-nothing HTTP ceiling (Queen 1-op KV req/s ÷ baseline-http req/s at the same connections):", ""]
         for row in ratios:
             lines.append(f"- {row['workload']}, {row['connections']} connections: {100 * row['ceiling_ratio']:.0f}%")
         lines.append("")

@@ -121,8 +121,8 @@ def queen_server(data_dir: str, log_path: str, cpus: list[int] | None, repo_root
 
 def baseline_server(log_path: str, cpus: list[int] | None, repo_root: str) -> ServerProcess:
     port = free_port()
-    argv = [sys.executable, "-m", "bench.baseline_h11", "--host", HOST, "--port", str(port)]
-    return ServerProcess("baseline-h11", argv, port, log_path, cpus, cwd=repo_root)
+    argv = [sys.executable, "-m", "bench.baseline_http", "--host", HOST, "--port", str(port)]
+    return ServerProcess("baseline-http", argv, port, log_path, cpus, cwd=repo_root)
 
 
 def _http_health(port: int) -> bool:

@@ -93,8 +93,8 @@ def _redis_get(ctx: Context):
 
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
-    Workload("baseline-h11", "ops",
-             "the kv-put 1-op request sent to a do-nothing trio+h11 server (bench/baseline_h11.py): the per-request ceiling",
+    Workload("baseline-http", "ops",
+             "the kv-put 1-op request answered with a fixed document by Queen's own HTTP layer (bench/baseline_http.py): the per-request ceiling",
              {"baseline": _baseline}, fixed_ops=1),
     Workload("lock-cycle", "pairs",
              "acquire `ops` free locks on distinct names in one call, release them in the next with the slot and token "

@@ -1,0 +1,48 @@
+"""A do-nothing server on Queen's own HTTP layer: the ceiling for one request per round trip.
+
+It runs queen.http.connection.HttpServer, the very connection loop Queen serves with (the plain
+request parser, h11 for every other shape, the limits and timers, responses written as bytes),
+with an app that answers every request with a fixed small JSON document and does nothing else.
+Queen's one-operation rate divided by this rate is the share of the ceiling Queen reaches; what
+Queen loses below it is routing, JSON, the core, the WAL and the waiting for durability.
+
+Run: python -m bench.baseline_http --port 6640   (127.0.0.1 only; SIGTERM or SIGINT stops it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+import trio
+
+from queen.config import Config
+from queen.http.connection import HttpServer, Response
+
+BODY = b'{"results":[{"applied":true,"version":1,"index":0,"op":"put"}]}'
+
+
+class FixedAnswer:
+    async def handle(self, request) -> Response:
+        return Response(200, BODY, b"application/json")
+
+
+async def main(host: str, port: int) -> None:
+    http = HttpServer(FixedAnswer(), Config())
+    async with trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        print(f"event=listening host={host} port={listeners[0].socket.getsockname()[1]}", file=sys.stderr, flush=True)
+        nursery.start_soon(trio.serve_listeners, http.serve_connection, listeners)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                break
+        nursery.cancel_scope.cancel()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=6640)
+    args = parser.parse_args()
+    trio.run(main, args.host, args.port)
