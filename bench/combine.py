@@ -15,6 +15,8 @@ import os
 import sys
 
 from bench import report
+from bench.__main__ import SYSTEM_ORDER
+from bench.workloads import WORKLOADS
 
 
 def combine(directories: list[str]) -> dict:
@@ -41,7 +43,12 @@ def combine(directories: list[str]) -> dict:
             if shape in shapes:
                 replaced.append(f"{shape[0]} {shape[1]} {shape[2]} op(s) {shape[3]}c by session {index + 1}")
             shapes[shape] = runs
-    combined["runs"] = [run for runs in shapes.values() for run in runs]
+    # In the order a single session would have run them, whichever session measured each shape.
+    order = {name: index for index, name in enumerate(WORKLOADS)}
+    systems = {name: index for index, name in enumerate(SYSTEM_ORDER)}
+    combined["runs"] = [run for shape in sorted(shapes, key=lambda shape: (
+        shape[4], order.get(shape[1], len(order)), shape[3], shape[2], systems.get(shape[0], len(systems))))
+        for run in shapes[shape]]
     combined["servers"] = [server for d in documents for server in d.get("servers", [])]
     # Notes derived from the runs are made again by derive(); keep only the sessions' own.
     combined["notes"] = [note for d in documents for note in d.get("notes", [])

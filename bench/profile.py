@@ -41,7 +41,8 @@ RULES = (
     ("queen/runtime/router.py", None, "routing (router)"),
     ("queen/http/codec.py", None, "JSON decode + encode (orjson)"),
     ("queen/http/routes.py", None, "API dispatch (routes)"),
-    ("h11/", None, "HTTP parse + serialize (h11)"),
+    ("queen/http/connection.py", {"parse_simple_request"}, "HTTP parse, plain requests (queen)"),
+    ("h11/", None, "HTTP parse, other shapes (h11)"),
     ("queen/http/connection.py", None, "HTTP connection loop (queen)"),
     ("trio/_core/_io_epoll.py", None, "trio I/O (epoll registration)"),
     ("trio/_socket.py", None, "socket send/recv (trio + syscalls)"),
@@ -72,6 +73,7 @@ WAKEUP_LAYER = "waking the event loop (send on trio's wakeup socket, then waitin
 # Inclusive shares (the frame anywhere on the stack) of the stages a request passes through; they
 # overlap by design (a stage contains the ones it calls), so they do not add up to 100.
 STAGES = (
+    ("queen/http/connection.py", "parse_simple_request", "parse plain request (without h11)"),
     ("queen/http/connection.py", "HttpServer._read_request", "read + parse request (h11 events)"),
     ("queen/http/connection.py", "HttpServer._send", "build + send response (h11)"),
     ("queen/http/routes.py", "Api.handle", "API handler incl. waiting hand-offs"),
