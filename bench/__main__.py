@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import shutil
 import signal
@@ -41,6 +40,7 @@ from bench.sessions import redis_setup_commands
 from bench.workloads import (
     FAMILY,
     KEYS_TOTAL,
+    SYSTEM_ORDER,
     WORKLOADS,
     Workload,
     preload_requests,
@@ -52,7 +52,6 @@ DEFAULT_WORKLOADS = ("lock-cycle,lock-renew,lock-hot,lock-hot-wait,sem8,sem8-wai
                      "baseline-http")
 QUICK_WORKLOADS = "lock-cycle,lock-hot-wait,kv-put,kv-cas,txn-guarded"
 PEERS = {"redis": ("redis-aof", "redis-mem"), "etcd": ("etcd",)}
-SYSTEM_ORDER = ("queen", "baseline", "redis-aof", "redis-mem", "etcd")
 
 
 def _int_list(text: str) -> list[int]:
@@ -395,20 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [run for run in document["runs"] if run["errors"] or run["undrained"]]
     if failed or document.get("failed_runs"):
         document["notes"].append(f"{len(failed)} run(s) had errors or unanswered requests: their figures are not valid")
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(document, f, indent=1)
-    if not args.no_chart:
-        try:
-            from bench import chart
-            chart.render(document, os.path.join(out_dir, "chart.png"))
-            document["chart"] = "chart.png"
-        except ImportError as error:
-            document["notes"].append(f"no chart: {error} (pip install -e '.[bench]' brings matplotlib)")
-        with open(os.path.join(out_dir, "results.json"), "w") as f:
-            json.dump(document, f, indent=1)
-    text = report.markdown(document)
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(text)
+    text = report.write_outputs(document, out_dir, with_chart=not args.no_chart)
     print(text)
     _say(f"wrote {os.path.join(out_dir, 'results.json')}, results.md" + (" and chart.png" if document.get("chart") else ""))
     if failed or document.get("failed_runs"):

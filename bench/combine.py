@@ -15,8 +15,7 @@ import os
 import sys
 
 from bench import report
-from bench.__main__ import SYSTEM_ORDER
-from bench.workloads import WORKLOADS
+from bench.workloads import SYSTEM_ORDER, WORKLOADS
 
 
 def combine(directories: list[str]) -> dict:
@@ -69,16 +68,7 @@ def main(argv: list[str]) -> int:
     out, directories = argv[0], argv[1:]
     os.makedirs(out, exist_ok=True)
     document = combine(directories)
-    try:
-        from bench import chart
-        chart.render(document, os.path.join(out, "chart.png"))
-        document["chart"] = "chart.png"
-    except ImportError as error:
-        document["notes"].append(f"no chart: {error}")
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(document, f, indent=1)
-    with open(os.path.join(out, "results.md"), "w") as f:
-        f.write(report.markdown(document))
+    report.write_outputs(document, out)
     print(f"wrote {out}/results.json, results.md" + (" and chart.png" if document.get("chart") else ""))
     return 0
 

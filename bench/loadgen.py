@@ -114,6 +114,35 @@ def open_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _count_answer(taken, session, buf: bytearray, tally: Tally, elapsed_ns: int, t_measure: int, t_end: int) -> tuple[bool, int]:
+    """Book one whole answer (every engine alike): the session checks and counts it, it leaves the
+    buffer, and it is timed if it completed inside the window. Returns (server asked to close, now)."""
+    total, status, close, body = taken
+    now = time.monotonic_ns()
+    counting = t_measure <= now < t_end
+    tally.answered += 1
+    session.answer(status, body, tally, counting)
+    if type(body) is memoryview:
+        body.release()
+    del buf[:total]
+    if counting:
+        tally.completed += 1
+        tally.histogram.record(elapsed_ns)
+    return close, now
+
+
+def _reopen(plan: Plan, tally: Tally, session, blocking: bool) -> socket.socket | None:
+    """A fresh connection for a session whose last one failed; None (counted) if the server refuses."""
+    try:
+        sock = open_socket(plan.host, plan.port)
+    except OSError as error:
+        tally.error("connect_failed", repr(error))
+        return None
+    sock.setblocking(blocking)
+    session.reset()
+    return sock
+
+
 # -- engine: selectors ---------------------------------------------------------------------------
 
 
@@ -139,7 +168,6 @@ class _Conn:
 
 
 def _run_selectors(plan: Plan, sessions, window, tally: Tally) -> None:
-    histogram = tally.histogram
     t_end = 0  # set from the window after the connect step; drop() reads it
     selector = selectors.DefaultSelector()
     conns = [_Conn(session) for session in sessions]
@@ -207,18 +235,8 @@ def _run_selectors(plan: Plan, sessions, window, tally: Tally) -> None:
                 continue
             if taken is None:
                 continue
-            total, status, close, body = taken
-            now = time.monotonic_ns()
-            counting = t_measure <= now < t_end
-            tally.answered += 1
-            conn.session.answer(status, body, tally, counting)
-            if type(body) is memoryview:
-                body.release()
-            del buf[:total]
+            close, now = _count_answer(taken, conn.session, buf, tally, done_ns - conn.sent_at_ns, t_measure, t_end)
             conn.busy = False
-            if counting:
-                tally.completed += 1
-                histogram.record(done_ns - conn.sent_at_ns)
             if close or buf:
                 drop(conn, "conn_closed" if close else "unasked_bytes", "connection: close" if close else repr(bytes(buf[:80])))
                 continue
@@ -261,34 +279,18 @@ def _run_threads(plan: Plan, sessions, window, tally: Tally):
             except (OSError, ResponseError) as error:
                 mine.error("conn_error", repr(error))
                 sock.close()
-                try:
-                    sock = open_socket(plan.host, plan.port)
-                except OSError as error:
-                    mine.error("connect_failed", repr(error))
+                sock = _reopen(plan, mine, session, blocking=True)
+                if sock is None:
                     return
                 buf = bytearray()
-                session.reset()
                 continue
-            done_ns = time.perf_counter_ns()
-            total, status, close, body = taken
-            now = time.monotonic_ns()
-            mine.answered += 1
-            session.answer(status, body, mine, t_measure <= now < t_end)
-            if type(body) is memoryview:
-                body.release()
-            del buf[:total]
-            if t_measure <= now < t_end:
-                mine.completed += 1
-                mine.histogram.record(done_ns - sent_ns)
+            close, _ = _count_answer(taken, session, buf, mine, time.perf_counter_ns() - sent_ns, t_measure, t_end)
             if close:
                 mine.error("conn_closed", "connection: close")
                 sock.close()
-                try:
-                    sock = open_socket(plan.host, plan.port)
-                except OSError as error:
-                    mine.error("connect_failed", repr(error))
+                sock = _reopen(plan, mine, session, blocking=True)
+                if sock is None:
                     return
-                session.reset()
         sock.close()
 
     threads = [threading.Thread(target=worker, args=(sock, session, mine), daemon=True)
@@ -318,7 +320,6 @@ def _run_asyncio(plan: Plan, sessions, window, tally: Tally):
 
     async def client(sock, session):
         buf = bytearray()
-        histogram = tally.histogram
         while time.monotonic_ns() < t_end or session.owes_release():
             request = session.request()
             sent_ns = time.perf_counter_ns()
@@ -336,36 +337,18 @@ def _run_asyncio(plan: Plan, sessions, window, tally: Tally):
             except (OSError, ResponseError) as error:
                 tally.error("conn_error", repr(error))
                 sock.close()
-                try:
-                    sock = open_socket(plan.host, plan.port)
-                except OSError as error:
-                    tally.error("connect_failed", repr(error))
+                sock = _reopen(plan, tally, session, blocking=False)
+                if sock is None:
                     return
-                sock.setblocking(False)
                 buf = bytearray()
-                session.reset()
                 continue
-            done_ns = time.perf_counter_ns()
-            total, status, close, body = taken
-            now = time.monotonic_ns()
-            tally.answered += 1
-            session.answer(status, body, tally, t_measure <= now < t_end)
-            if type(body) is memoryview:
-                body.release()
-            del buf[:total]
-            if t_measure <= now < t_end:
-                tally.completed += 1
-                histogram.record(done_ns - sent_ns)
+            close, _ = _count_answer(taken, session, buf, tally, time.perf_counter_ns() - sent_ns, t_measure, t_end)
             if close:
                 tally.error("conn_closed", "connection: close")
                 sock.close()
-                try:
-                    sock = open_socket(plan.host, plan.port)
-                except OSError as error:
-                    tally.error("connect_failed", repr(error))
+                sock = _reopen(plan, tally, session, blocking=False)
+                if sock is None:
                     return
-                sock.setblocking(False)
-                session.reset()
         sock.close()
 
     async def main():

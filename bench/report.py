@@ -2,11 +2,14 @@
 
 Owns: the shape of `results.json` (a later comparison with etcd and Redis adds systems and
 workloads as more runs of the same shape), the derived figures (ratio to the do-nothing ceiling,
-goals, who was saturated) and their Markdown rendering. Pure: documents in, text out; writing
-files is the caller's.
+goals, who was saturated) and their Markdown rendering, pure (documents in, text out); and
+`write_outputs`, the one place a report's files are written.
 """
 
 from __future__ import annotations
+
+import json
+import os
 
 # A side whose process used at least this share of its core was the one that set the pace.
 SATURATED_PCT = 90.0
@@ -407,3 +410,26 @@ def _profile_section(run: dict) -> list[str]:
         lines += [f"Worker threads ({cpu_note}; {workers['samples']} samples while busy, "
                   f"{workers.get('idle_samples_dropped', 0)} idle dropped): {spread}.", ""]
     return lines
+
+
+def write_outputs(document: dict, out_dir: str, with_chart: bool = True) -> str:
+    """results.json, chart.png (unless asked not to, or matplotlib is missing) and results.md in
+    out_dir; returns the Markdown. The JSON is written first, so a chart that fails cannot lose
+    the figures, and again once the chart is in."""
+    def dump() -> None:
+        with open(os.path.join(out_dir, "results.json"), "w") as f:
+            json.dump(document, f, indent=1)
+
+    dump()
+    if with_chart:
+        try:
+            from bench import chart
+            chart.render(document, os.path.join(out_dir, "chart.png"))
+            document["chart"] = "chart.png"
+        except ImportError as error:
+            document["notes"].append(f"no chart: {error} (pip install -e '.[bench]' brings matplotlib)")
+        dump()
+    text = markdown(document)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(text)
+    return text

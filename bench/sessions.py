@@ -172,6 +172,21 @@ class Session:
         return False
 
 
+class Chain(Session):
+    """A conversation that opens with one fixed request (`first`) and goes on with whatever the
+    last answer made due (`next`, None when nothing is); a reconnect starts it again. HTTP
+    sessions subclass it; RESP ones list it after RedisSession, which owns their framing."""
+
+    first: bytes = b""
+    next: bytes | None = None
+
+    def reset(self) -> None:
+        self.next = None
+
+    def request(self) -> bytes:
+        return self.first if self.next is None else self.next
+
+
 def _count(tally, unit: str, n: int) -> None:
     tally.units[unit] = tally.units.get(unit, 0) + n
 
@@ -318,7 +333,7 @@ class QueenLockCycle(Session):
             self.next = None
 
 
-class QueenLockRenew(Session):
+class QueenLockRenew(Chain):
     """Acquire `ops` locks once, then renew them over and over, each renew with the token the last
     answer gave (the token changes at every renew)."""
 
@@ -326,14 +341,7 @@ class QueenLockRenew(Session):
         super().__init__(ctx)
         self.owner = owner_of(ctx)
         self.names = lock_name_groups(ctx, 1)[0]
-        self.acquire = _locks_request(ctx, _acquire_body(self.names, self.owner))
-        self.next = None
-
-    def reset(self) -> None:
-        self.next = None
-
-    def request(self) -> bytes:
-        return self.acquire if self.next is None else self.next
+        self.first = _locks_request(ctx, _acquire_body(self.names, self.owner))  # then renewals
 
     def answer(self, status, body, tally, counting) -> None:
         if status != 200:
@@ -358,7 +366,7 @@ class QueenLockRenew(Session):
             for name, slot, token in held]}))
 
 
-class QueenContended(Session):
+class QueenContended(Chain):
     """Every connection wants the same name (a lock, or a semaphore of `limit` permits): acquire;
     when it is granted, release it and start again; when it is held (no waitMs) ask again at
     once. `answers` counts acquire answers, `acquired` the grants (hand-overs), `pairs` the
@@ -371,17 +379,10 @@ class QueenContended(Session):
     def __init__(self, ctx: Context):
         super().__init__(ctx)
         self.owner = owner_of(ctx)
-        self.acquire = _locks_request(ctx, _acquire_body([f"{ctx.tag}-{self.name}"], self.owner, self.limit, self.wait_ms))
-        self.next = None
-
-    def reset(self) -> None:
-        self.next = None
+        self.first = _locks_request(ctx, _acquire_body([f"{ctx.tag}-{self.name}"], self.owner, self.limit, self.wait_ms))
 
     def owes_release(self) -> bool:
         return self.next is not None
-
-    def request(self) -> bytes:
-        return self.acquire if self.next is None else self.next
 
     def answer(self, status, body, tally, counting) -> None:
         if status != 200:
@@ -426,7 +427,7 @@ class QueenSemaphoreWait(QueenSemaphore):
     wait_ms = WAIT_MS
 
 
-class QueenKvCas(Session):
+class QueenKvCas(Chain):
     """Compare-and-set on the connection's own `ops` keys: each put carries `expect` = the version
     the last answer gave, so every one must apply. The first request is a plain put that learns
     the versions (not counted)."""
@@ -435,7 +436,6 @@ class QueenKvCas(Session):
         super().__init__(ctx)
         self.keys = [f"{ctx.tag}-cas-{ctx.connection}-{i}" for i in range(ctx.ops)]
         self.first = self._put(None)
-        self.next = None
 
     def _put(self, versions):
         ops = []
@@ -445,12 +445,6 @@ class QueenKvCas(Session):
                 op["expect"] = versions[i]
             ops.append(op)
         return http_post(self.ctx.host, self.ctx.port, "/api/v1/kv", orjson.dumps({"operations": ops}))
-
-    def reset(self) -> None:
-        self.next = None
-
-    def request(self) -> bytes:
-        return self.first if self.next is None else self.next
 
     def answer(self, status, body, tally, counting) -> None:
         if status != 200:
@@ -650,7 +644,7 @@ class RedisLockRenew(RedisSession):
         self.held = True
 
 
-class RedisContended(RedisSession):
+class RedisContended(RedisSession, Chain):
     """The hot lock (SET NX) or the semaphore (a script over N permit keys), fail-fast: Redis has
     no waiting acquire, so a refused client asks again at once."""
 
@@ -661,20 +655,13 @@ class RedisContended(RedisSession):
         self.owner = owner_of(ctx).encode()
         if self.semaphore:
             self.key = f"{ctx.tag}-sem"
-            self.acquire = resp_command("EVALSHA", SHA["semaphore"], 1, self.key, self.owner, SEMAPHORE_PERMITS, LOCK_TTL_MS)
+            self.first = resp_command("EVALSHA", SHA["semaphore"], 1, self.key, self.owner, SEMAPHORE_PERMITS, LOCK_TTL_MS)
         else:
             self.key = f"{ctx.tag}-hot"
-            self.acquire = resp_command("SET", self.key, self.owner, "NX", "PX", LOCK_TTL_MS)
-        self.next = None
-
-    def reset(self) -> None:
-        self.next = None
+            self.first = resp_command("SET", self.key, self.owner, "NX", "PX", LOCK_TTL_MS)
 
     def owes_release(self) -> bool:
         return self.next is not None
-
-    def request(self) -> bytes:
-        return self.acquire if self.next is None else self.next
 
     def answer(self, status, replies, tally, counting) -> None:
         if _redis_errors(replies, tally):

@@ -35,6 +35,7 @@ RING_REQUESTS_MAX = 1024
 # Systems, and the family (driver) each belongs to. Both Redis systems speak the same protocol;
 # only the server's persistence settings differ.
 FAMILY = {"queen": "queen", "baseline": "baseline", "redis-aof": "redis", "redis-mem": "redis", "etcd": "etcd"}
+SYSTEM_ORDER = ("queen", "baseline", "redis-aof", "redis-mem", "etcd")  # run order within one shape
 
 
 @dataclass(frozen=True)

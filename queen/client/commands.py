@@ -196,32 +196,29 @@ async def lock_acquire(args) -> int:
 
 async def lock_renew(args) -> int:
     op = {"op": "renew", "name": args.name, "slot": args.slot, "token": args.token, "ttlSeconds": ttl_seconds(args.ttl)}
-    if args.owner:
-        op["owner"] = args.owner
-    async with _client(args) as client:
-        [result] = await client.locks.call(op)
-    if args.json:
-        _print_json(result)
-    elif result["renewed"]:
-        print(f"renewed {args.name} slot {args.slot} token {result['token']} expires {_iso(result['expiresAt'])}")
-    else:
-        print(f"queen: {args.name} not renewed: {result['reason']}", file=sys.stderr)
-    return EXIT_OK if result["renewed"] else EXIT_NO
+    return await _change_held_lock(args, op, "renewed", lambda result: f"renewed {args.name} slot {args.slot} "
+                                   f"token {result['token']} expires {_iso(result['expiresAt'])}")
 
 
 async def lock_release(args) -> int:
     op = {"op": "release", "name": args.name, "slot": args.slot, "token": args.token}
+    return await _change_held_lock(args, op, "released", lambda result: f"released {args.name} slot {args.slot}")
+
+
+async def _change_held_lock(args, op: dict, outcome: str, describe) -> int:
+    """Renew or release one held slot: `outcome` is the answer's flag ("renewed"/"released"),
+    `describe(result)` the line printed when it is set."""
     if args.owner:
         op["owner"] = args.owner
     async with _client(args) as client:
         [result] = await client.locks.call(op)
     if args.json:
         _print_json(result)
-    elif result["released"]:
-        print(f"released {args.name} slot {args.slot}")
+    elif result[outcome]:
+        print(describe(result))
     else:
-        print(f"queen: {args.name} not released: {result['reason']}", file=sys.stderr)
-    return EXIT_OK if result["released"] else EXIT_NO
+        print(f"queen: {args.name} not {outcome}: {result['reason']}", file=sys.stderr)
+    return EXIT_OK if result[outcome] else EXIT_NO
 
 
 async def lock_status(args) -> int:
