@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from queen.core.limits import Limits
+
 
 def _opt(default, help_text: str, metavar: str = ""):
     return field(default=default, metadata={"help": help_text, "metavar": metavar})
@@ -25,9 +27,14 @@ class Config:
     header_bytes_max: int = _opt(16 << 10, "largest request head (request line + headers); larger answers 431/400", "BYTES")
     request_read_timeout_s: float = _opt(10.0, "a request must arrive whole within this; a stalled client is cut off", "SECONDS")
     idle_timeout_s: float = _opt(60.0, "an idle keep-alive connection is closed after this", "SECONDS")
-    connections_max: int = _opt(1024, "concurrent connections; past it new ones get 503 and are closed", "N")
+    send_timeout_s: float = _opt(10.0, "an answer must be taken by the client within this; one that does not read is cut off", "SECONDS")
+    connections_max: int = _opt(1024, "concurrent connections (lowered at start to what the open-file limit allows); "
+                                "at the limit the longest-idle keep-alive connection is closed for a new one, and "
+                                "with none idle the new one gets 503", "N")
     ops_per_call_max: int = _opt(1024, "operations in one KV batch or transaction", "N")
     value_bytes_max: int = _opt(256 << 10, "largest KV value, measured as its JSON encoding", "BYTES")
+    ns_bytes_max: int = _opt(128, "longest KV namespace", "BYTES")
+    key_bytes_max: int = _opt(1024, "longest KV key (a lock permit's key is its name, '#' and its slot)", "BYTES")
     segment_bytes_max: int = _opt(64 << 20, "a WAL segment file is closed and a new one started past this size", "BYTES")
     snapshot_wal_bytes: int = _opt(32 << 20, "take a snapshot once this many WAL bytes were written since the last one; then covered segments are deleted", "BYTES")
     shutdown_grace_s: float = _opt(10.0, "on SIGTERM/SIGINT, time allowed for in-flight requests before connections are cut", "SECONDS")
@@ -35,6 +42,10 @@ class Config:
 
     def replace(self, **changes) -> Config:
         return dataclasses.replace(self, **changes)
+
+    def limits(self) -> Limits:
+        return Limits(ns_bytes_max=self.ns_bytes_max, key_bytes_max=self.key_bytes_max,
+                      value_bytes_max=self.value_bytes_max, ops_per_call_max=self.ops_per_call_max)
 
 
 def config_fields():
@@ -50,11 +61,11 @@ def validate(config: Config) -> list[str]:
         problems.append(f"port {config.port} is not between 0 and 65535")
     if not 1 <= config.shard_count <= 256:
         problems.append("shard count must be between 1 and 256")
-    for name in ("body_bytes_max", "header_bytes_max", "connections_max", "ops_per_call_max",
-                 "value_bytes_max", "segment_bytes_max", "snapshot_wal_bytes"):
+    for name in ("body_bytes_max", "header_bytes_max", "connections_max", "segment_bytes_max", "snapshot_wal_bytes"):
         if getattr(config, name) < 1:
             problems.append(f"{name.replace('_', '-')} must be at least 1")
-    for name in ("request_read_timeout_s", "idle_timeout_s", "shutdown_grace_s"):
+    problems += config.limits().problems()
+    for name in ("request_read_timeout_s", "idle_timeout_s", "send_timeout_s", "shutdown_grace_s"):
         if getattr(config, name) <= 0:
             problems.append(f"{name.replace('_', '-')} must be above 0")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):

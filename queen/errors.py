@@ -1,8 +1,8 @@
-"""The one exception family for operating errors.
+"""The one exception family for operating errors, and the refusals that stop a start.
 
 A QueenError is raised before any state changes and mapped to HTTP in exactly one place
-(queen/http/responses.py). Normal outcomes (a held lock, a missed expect) are results, never
-exceptions.
+(queen/http/connection.py, error_response). Normal outcomes (a held lock, a missed expect) are
+results, never exceptions. Error codes are snake_case, always.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class QueenError(Exception):
             self.http_status = http_status
 
     def to_wire(self) -> dict:
-        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+        return {"error": {"code": self.code, "message": self.message, "details": wire_safe(self.details)}}
 
 
 class BadRequest(QueenError):
@@ -33,5 +33,35 @@ class Unavailable(QueenError):
     http_status = 503
 
 
-class CorruptLog(Exception):
-    """Recovery found damage it must not paper over (not a client error: the server refuses to start)."""
+def wire_safe(value, depth: int = 0):
+    """A copy of value that any wire format can carry: details often echo what the client sent, and
+    what a client sends (a CBOR byte string, a bignum, a tag) must never make our answer itself
+    unencodable. Strings and containers are kept short, anything else becomes its repr."""
+    kind = type(value)
+    if value is None or kind is bool or kind is float:
+        return value
+    if kind is int:
+        return value if -(1 << 63) <= value < (1 << 64) else f"<integer of {value.bit_length()} bits>"
+    if kind is str:
+        return value[:256]
+    if depth < 4 and kind is dict:
+        return {str(k)[:128]: wire_safe(v, depth + 1) for k, v in list(value.items())[:32]}
+    if depth < 4 and kind in (list, tuple):
+        return [wire_safe(v, depth + 1) for v in value[:32]]
+    try:
+        return repr(value)[:128]
+    except Exception:  # noqa: BLE001 - a repr that fails still must not fail the answer
+        return f"<{kind.__name__}>"
+
+
+class RefusedToStart(Exception):
+    """What is in the data directory must not be served by this build as it is; the message says
+    what and what to do. Not a client error: the server does not start."""
+
+
+class CorruptLog(RefusedToStart):
+    """Recovery found damage it must not paper over: starting would drop acknowledged writes."""
+
+
+class UnreadableFormat(RefusedToStart):
+    """The data directory was written by another format version of Queen."""

@@ -4,10 +4,12 @@ Owns: the rows of the keys that hash to this shard, their ordered key index per 
 timing wheel that frees expired rows. Invariants:
   - a row whose expires_at_ms has passed is absent for every operation, removed or not;
   - every write takes the next value of the one global VersionCounter (deletes included), so
-    versions never go back, and effects are produced in version order;
+    versions never go back, and records are produced in version order;
   - a miss (expect, exists, limit) writes nothing and consumes no version.
 Never: reads a clock, touches disk, awaits. Results are wire dicts (camelCase) because building
 them once here is cheaper per operation than building an internal object and converting it.
+Durability of what an answer shows is not this module's business: every answer waits for the last
+version applied before it (queen/core/state.py), whatever it read.
 """
 
 from __future__ import annotations
@@ -18,33 +20,15 @@ import binascii
 import orjson
 from sortedcontainers import SortedList
 
+from queen.core import records as rec
+from queen.core.limits import INT64_MAX, INT64_MIN, Limits
+from queen.core.values import json_default
 from queen.core.wheel import TimingWheel
 from queen.errors import BadRequest
 
 RESERVED_NS_PREFIX = "queen-"
 LOCKS_NS = "queen-locks"
-INT64_MIN = -(1 << 63)
-INT64_MAX = (1 << 63) - 1
-
-# Effect record tags, as written in WAL frames (set in stone with wal/frame.py FORMAT_VERSION).
-EFFECT_PUT = "p"
-EFFECT_DELETE = "d"
-
-
-class Limits:
-    """Per-operation limits (DESIGN.md §3); defaults come from Config."""
-
-    __slots__ = ("ns_bytes_max", "key_bytes_max", "value_bytes_max", "ops_per_call_max",
-                 "page_items_max", "ttl_seconds_max")
-
-    def __init__(self, value_bytes_max: int = 256 << 10, ops_per_call_max: int = 1024):
-        self.ns_bytes_max = 128
-        self.key_bytes_max = 1024
-        self.value_bytes_max = value_bytes_max
-        self.ops_per_call_max = ops_per_call_max
-        self.page_items_max = 1000
-        # Ten years: long enough for "keep", short enough that expiry arithmetic stays in int64.
-        self.ttl_seconds_max = 10 * 365 * 86400
+PAGE_ITEMS_DEFAULT = 100
 
 
 class VersionCounter:
@@ -76,13 +60,57 @@ class Row:
 
 
 class Table:
-    """The rows of one namespace on one shard, with their keys kept in order for prefix pages."""
+    """The rows of one namespace on one shard, with their keys in order for prefix pages.
 
-    __slots__ = ("rows", "keys")
+    The order is kept lazily: inserts and removals are noted in two small sets and folded into the
+    sorted index only when a page is read, so a key written and deleted between two pages (a lock
+    acquired and released) never touches the index. When the notes outgrow a quarter of the index,
+    it is dropped and rebuilt from the rows at the next page instead."""
+
+    __slots__ = ("rows", "_sorted", "_added", "_removed")
 
     def __init__(self):
         self.rows: dict[str, Row] = {}
-        self.keys = SortedList()
+        self._sorted: SortedList | None = SortedList()
+        self._added: set = set()
+        self._removed: set = set()
+
+    def note_insert(self, key: str) -> None:
+        """key was just added to rows."""
+        if self._sorted is None:
+            return
+        if key in self._removed:
+            self._removed.discard(key)
+        else:
+            self._added.add(key)
+            self._check_notes()
+
+    def note_remove(self, key: str) -> None:
+        """key was just removed from rows."""
+        if self._sorted is None:
+            return
+        if key in self._added:
+            self._added.discard(key)
+        else:
+            self._removed.add(key)
+            self._check_notes()
+
+    def _check_notes(self) -> None:
+        if len(self._added) + len(self._removed) > 64 + len(self._sorted) // 4:
+            self._sorted = None
+            self._added.clear()
+            self._removed.clear()
+
+    def sorted_keys(self) -> SortedList:
+        if self._sorted is None:
+            self._sorted = SortedList(self.rows)
+        elif self._added or self._removed:
+            for key in self._removed:
+                self._sorted.remove(key)
+            self._sorted.update(self._added)
+            self._added.clear()
+            self._removed.clear()
+        return self._sorted
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,35 +134,57 @@ class KvOp:
         self.keys = None
         self.prefix = ""
         self.cursor = None
-        self.limit = 100
+        self.limit = PAGE_ITEMS_DEFAULT
         self.required = True
         self.detail = False  # getPrefix: also each row's create version and times (lock listings)
 
 
+_LIFETIME = ("ttlSeconds", "forever")
+FIELDS = {
+    "get": frozenset(("op", "ns", "key")),
+    "getMany": frozenset(("op", "ns", "keys")),
+    "getPrefix": frozenset(("op", "ns", "prefix", "cursor", "limit")),
+    "check": frozenset(("op", "ns", "key", "expect", "required")),
+    "put": frozenset(("op", "ns", "key", "value", "expect", *_LIFETIME)),
+    # expect is refused with its own message: putIfAbsent's condition is "absent".
+    "putIfAbsent": frozenset(("op", "ns", "key", "value", "expect", *_LIFETIME)),
+    "delete": frozenset(("op", "ns", "key", "expect")),
+    "incr": frozenset(("op", "ns", "key", "by", "max", "min", "expect", *_LIFETIME)),
+}
 READ_OPS = frozenset(("get", "getMany", "getPrefix", "check"))
 WRITE_OPS = frozenset(("put", "putIfAbsent", "delete", "incr"))
 KV_OPS = READ_OPS | WRITE_OPS
 LIFETIME_OPS = frozenset(("put", "putIfAbsent", "incr"))
 
 
-def _fail(code: str, message: str, index, **details):
+def fail(code: str, message: str, index, **details):
     if index is not None:
         details["index"] = index
     raise BadRequest(code, message, details)
 
 
-def _text(raw, what: str, bytes_max: int, index) -> str:
+def check_fields(raw: dict, allowed: frozenset, index, what: str = "operation") -> None:
+    """400 unknown_field naming the first field of raw that allowed does not have: a misspelt
+    `expect` must never turn a compare-and-set into a blind write."""
+    if not raw.keys() <= allowed:
+        field = next(name for name in raw if name not in allowed)
+        fail("unknown_field", f"unknown field {field!r} in this {what}; it takes {', '.join(sorted(allowed))}",
+             index, field=field)
+
+
+def text(raw, field: str, bytes_max: int, index) -> str:
+    """A string of 1 to bytes_max UTF-8 bytes; 400 invalid_<field> otherwise."""
     if type(raw) is not str:
-        _fail(f"invalid_{what}", f"{what} must be a string", index)
+        fail(f"invalid_{field}", f"{field} must be a string", index)
     size = len(raw) if raw.isascii() else len(raw.encode())
     if size == 0 or size > bytes_max:
-        _fail(f"invalid_{what}", f"{what} must be 1 to {bytes_max} bytes", index, bytes=size)
+        fail(f"invalid_{field}", f"{field} must be 1 to {bytes_max} bytes", index, bytes=size)
     return raw
 
 
-def _int(raw, what: str, index, low=INT64_MIN, high=INT64_MAX) -> int:
+def integer(raw, code: str, field: str, index, low=INT64_MIN, high=INT64_MAX) -> int:
     if type(raw) is not int or not low <= raw <= high:
-        _fail(f"invalid_{what}", f"{what} must be an integer from {low} to {high}", index)
+        fail(code, f"{field} must be an integer from {low} to {high}", index)
     return raw
 
 
@@ -143,85 +193,87 @@ def parse_lifetime(raw: dict, index, ttl_seconds_max: int) -> int:
     ttl = raw.get("ttlSeconds")
     forever = raw.get("forever")
     if forever is not None and forever is not False and forever is not True:
-        _fail("invalid_forever", "forever must be true or false", index)
+        fail("invalid_forever", "forever must be true or false", index)
     if ttl is None:
         if forever is not True:
-            _fail("ttl_required", "every write names its lifetime: ttlSeconds (integer >= 1) or forever: true", index)
+            fail("ttl_required", "every write names its lifetime: ttlSeconds (integer >= 1) or forever: true", index)
         return 0
     if forever is True:
-        _fail("ttl_conflict", "give ttlSeconds or forever: true, not both", index)
+        fail("ttl_conflict", "give ttlSeconds or forever: true, not both", index)
     if type(ttl) is not int or not 1 <= ttl <= ttl_seconds_max:
-        _fail("invalid_ttl", f"ttlSeconds must be an integer from 1 to {ttl_seconds_max}", index)
+        fail("invalid_ttl", f"ttlSeconds must be an integer from 1 to {ttl_seconds_max}", index)
     return ttl * 1000
 
 
 def check_value(value, limits: Limits, index):
+    """The value's size as JSON (byte strings in their JSON form) within the limit."""
     try:
-        size = len(orjson.dumps(value))
+        size = len(orjson.dumps(value, default=json_default))
     except TypeError:
-        _fail("invalid_value", "value must be representable as JSON", index)
+        fail("invalid_value", "value must be representable as JSON (or hold byte strings)", index)
     if size > limits.value_bytes_max:
-        _fail("value_too_large", f"value is {size} bytes encoded; the limit is {limits.value_bytes_max}", index,
-              bytes=size, limit=limits.value_bytes_max)
+        fail("value_too_large", f"value is {size} bytes encoded; the limit is {limits.value_bytes_max}", index,
+             bytes=size, limit=limits.value_bytes_max)
 
 
 def parse_kv_op(raw, index, limits: Limits, allow_reserved: bool = False, values_checked: bool = False) -> KvOp:
     """values_checked: the caller knows every value is JSON-representable and within the size
     limit (a small JSON body), so measuring each value again is skipped."""
     if type(raw) is not dict:
-        _fail("invalid_operation", "each operation must be an object", index)
+        fail("invalid_operation", "each operation must be an object", index)
     name = raw.get("op")
-    if name not in KV_OPS:
-        _fail("unknown_op", f"op must be one of {', '.join(sorted(KV_OPS))}", index, op=name)
-    ns = _text(raw.get("ns"), "ns", limits.ns_bytes_max, index)
+    if type(name) is not str or name not in KV_OPS:
+        fail("unknown_op", f"op must be one of {', '.join(sorted(KV_OPS))}", index, op=name)
+    check_fields(raw, FIELDS[name], index)
+    ns = text(raw.get("ns"), "ns", limits.ns_bytes_max, index)
     if name == "getMany":
         keys = raw.get("keys")
         if type(keys) is not list or not 1 <= len(keys) <= limits.page_items_max:
-            _fail("invalid_keys", f"keys must be a list of 1 to {limits.page_items_max} keys", index)
+            fail("invalid_keys", f"keys must be a list of 1 to {limits.page_items_max} keys", index)
         op = KvOp(name, ns)
-        op.keys = [_text(k, "key", limits.key_bytes_max, index) for k in keys]
+        op.keys = [text(k, "key", limits.key_bytes_max, index) for k in keys]
         return op
     if name == "getPrefix":
         op = KvOp(name, ns)
         prefix = raw.get("prefix", "")
         if type(prefix) is not str or len(prefix.encode()) > limits.key_bytes_max:
-            _fail("invalid_prefix", f"prefix must be a string of at most {limits.key_bytes_max} bytes", index)
+            fail("invalid_prefix", f"prefix must be a string of at most {limits.key_bytes_max} bytes", index)
         op.prefix = prefix
         op.cursor = decode_cursor(raw.get("cursor"), index)
-        op.limit = _int(raw.get("limit", 100), "limit", index, 1, limits.page_items_max)
+        op.limit = integer(raw.get("limit", PAGE_ITEMS_DEFAULT), "invalid_limit", "limit", index, 1, limits.page_items_max)
         return op
-    op = KvOp(name, ns, _text(raw.get("key"), "key", limits.key_bytes_max, index))
+    op = KvOp(name, ns, text(raw.get("key"), "key", limits.key_bytes_max, index))
     if name in WRITE_OPS and not allow_reserved and ns.startswith(RESERVED_NS_PREFIX):
-        _fail("reserved_namespace", f"namespaces starting {RESERVED_NS_PREFIX!r} are written only through their own routes", index, ns=ns)
+        fail("reserved_namespace", f"namespaces starting {RESERVED_NS_PREFIX!r} are written only through their own routes", index, ns=ns)
     if name == "get":
         return op
     expect = raw.get("expect")
     if expect is not None:
-        op.expect = _int(expect, "expect", index, 0, INT64_MAX)
+        op.expect = integer(expect, "invalid_expect", "expect", index, 0, INT64_MAX)
     if name == "check":
         if expect is None:
-            _fail("invalid_expect", "check needs expect (0 means the key is absent)", index)
+            fail("invalid_expect", "check needs expect (0 means the key is absent)", index)
         required = raw.get("required", True)
         if required is not True and required is not False:
-            _fail("invalid_required", "required must be true or false", index)
+            fail("invalid_required", "required must be true or false", index)
         op.required = required
         return op
     if name in LIFETIME_OPS:
-        op.ttl_ms = parse_lifetime(raw, index, limits.ttl_seconds_max)
+        op.ttl_ms = parse_lifetime(raw, index, limits.kv_ttl_seconds_max)
     if name == "put" or name == "putIfAbsent":
         if "value" not in raw:
-            _fail("value_required", f"{name} needs a value", index)
+            fail("value_required", f"{name} needs a value", index)
         op.value = raw["value"]
         if not values_checked:
             check_value(op.value, limits, index)
         if name == "putIfAbsent" and expect is not None:
-            _fail("invalid_expect", "putIfAbsent takes no expect; it applies only when the key is absent", index)
+            fail("invalid_expect", "putIfAbsent takes no expect; it applies only when the key is absent", index)
     elif name == "incr":
-        op.by = _int(raw.get("by", 1), "by", index)
+        op.by = integer(raw.get("by", 1), "invalid_by", "by", index)
         if raw.get("max") is not None:
-            op.max = _int(raw["max"], "max", index)
+            op.max = integer(raw["max"], "invalid_max", "max", index)
         if raw.get("min") is not None:
-            op.min = _int(raw["min"], "min", index)
+            op.min = integer(raw["min"], "invalid_min", "min", index)
     return op
 
 
@@ -234,11 +286,11 @@ def decode_cursor(raw, index=None) -> str | None:
     if raw is None or raw == "":
         return None
     if type(raw) is not str:
-        _fail("invalid_cursor", "cursor must be the string a previous page returned", index)
+        fail("invalid_cursor", "cursor must be the string a previous page returned", index)
     try:
         return base64.b64decode(raw + "=" * (-len(raw) % 4), altchars=b"-_", validate=True).decode()
     except (binascii.Error, ValueError):
-        _fail("invalid_cursor", "cursor must be the string a previous page returned", index)
+        fail("invalid_cursor", "cursor must be the string a previous page returned", index)
 
 
 def parse_kv_ops(raw_ops, limits: Limits, allow_reserved: bool = False, values_checked: bool = False) -> list[KvOp]:
@@ -267,19 +319,17 @@ def _current(row: Row | None) -> dict:
 
 
 class KvState:
-    """The rows of one shard. `wait_version` is, after each call, the highest version the answer
-    depends on, so the caller can hold the answer until that version is durable."""
+    """The rows of one shard. `freed_permits` collects, in order, the lock permit keys that stopped
+    existing by expiry (found by a read or by the wheel), for the lock table to hand on to waiters
+    in the same step."""
 
-    __slots__ = ("tables", "versions", "wheel", "last_delete_version", "wait_version", "_apply")
+    __slots__ = ("tables", "versions", "wheel", "freed_permits", "_apply")
 
     def __init__(self, versions: VersionCounter, now_ms: int):
         self.tables: dict[str, Table] = {}
         self.versions = versions
         self.wheel = TimingWheel(now_ms)
-        # Reads that find a key absent depend on deletes not yet durable; tracked per shard, which
-        # is conservative and cheap.
-        self.last_delete_version = 0
-        self.wait_version = 0
+        self.freed_permits: list[str] = []
         self._apply = {
             "get": self._get, "getMany": self._get_many, "getPrefix": self._get_prefix,
             "check": self._check, "put": self._put, "putIfAbsent": self._put,
@@ -295,35 +345,32 @@ class KvState:
         row = table.rows.get(key)
         if row is not None and row.expires_at_ms and row.expires_at_ms <= now_ms:
             self._drop(table, ns, key)
+            if ns == LOCKS_NS:
+                self.freed_permits.append(key)
             return None
         return row
 
-    def observe(self, row: Row | None) -> None:
-        seen = row.version if row is not None else self.last_delete_version
-        if seen > self.wait_version:
-            self.wait_version = seen
-
-    def _store(self, ns: str, key: str, row: Row, effects: list) -> None:
+    def _store(self, ns: str, key: str, row: Row, records: list) -> None:
         table = self.tables.get(ns)
         if table is None:
             table = self.tables[ns] = Table()
-        if key not in table.rows:
-            table.keys.add(key)
-        table.rows[key] = row
+        rows = table.rows
+        if key not in rows:
+            table.note_insert(key)
+        rows[key] = row
         if row.expires_at_ms:
             self.wheel.schedule((ns, key), row.expires_at_ms)
-        effects.append((EFFECT_PUT, ns, key, row.value, row.version, row.create_version,
-                        row.created_at_ms, row.updated_at_ms, row.expires_at_ms))
-        self.wait_version = row.version
+        rec.put(records, ns, key, row.value, row.version, row.create_version, row.created_at_ms,
+                row.updated_at_ms, row.expires_at_ms)
 
     def _drop(self, table: Table, ns: str, key: str) -> None:
         del table.rows[key]
-        table.keys.remove(key)
+        table.note_remove(key)
         self.wheel.remove((ns, key))
         if not table.rows:
             del self.tables[ns]
 
-    def write(self, ns: str, key: str, value, ttl_ms: int, old: Row | None, now_ms: int, effects: list) -> Row:
+    def write(self, ns: str, key: str, value, ttl_ms: int, old: Row | None, now_ms: int, records: list) -> Row:
         """Store a new version of (ns, key); `old` is its live row or None."""
         version = self.versions.next()
         expires_at_ms = now_ms + ttl_ms if ttl_ms else 0
@@ -331,28 +378,27 @@ class KvState:
             row = Row(value, version, version, now_ms, now_ms, expires_at_ms)
         else:
             row = Row(value, version, old.create_version, old.created_at_ms, now_ms, expires_at_ms)
-        self._store(ns, key, row, effects)
+        self._store(ns, key, row, records)
         return row
 
-    def delete(self, ns: str, key: str, effects: list) -> int:
+    def delete(self, ns: str, key: str, records: list) -> int:
         """Remove a live row; the delete takes a version so the counter survives in the WAL."""
         version = self.versions.next()
         self._drop(self.tables[ns], ns, key)
-        effects.append((EFFECT_DELETE, ns, key, version))
-        self.last_delete_version = version
-        self.wait_version = version
+        rec.delete(records, ns, key, version)
         return version
 
     # -- operations ----------------------------------------------------------------------------
 
-    def apply(self, op: KvOp, now_ms: int, effects: list) -> dict:
-        return self._apply[op.op](op, now_ms, effects)
+    def apply(self, op: KvOp, now_ms: int, records: list) -> dict:
+        return self._apply[op.op](op, now_ms, records)
 
     def precheck(self, op: KvOp, now_ms: int) -> dict | None:
         """For transactions: the miss answer this op would give now, or None if it would apply."""
         row = self.live_row(op.ns, op.key, now_ms)
-        self.observe(row)
         name = op.op
+        if name == "get":
+            return None
         if name == "check":
             version = row.version if row is not None else 0
             if version != op.expect and op.required:
@@ -366,22 +412,18 @@ class KvState:
             return self._incr_miss(op, row)
         return None
 
-    def _get(self, op, now_ms, effects):
-        row = self.live_row(op.ns, op.key, now_ms)
-        self.observe(row)
-        return _item(row)
+    def _get(self, op, now_ms, records):
+        return _item(self.live_row(op.ns, op.key, now_ms))
 
-    def _get_many(self, op, now_ms, effects):
+    def _get_many(self, op, now_ms, records):
         items = []
         for key in op.keys:
-            row = self.live_row(op.ns, key, now_ms)
-            self.observe(row)
-            item = _item(row)
+            item = _item(self.live_row(op.ns, key, now_ms))
             item["key"] = key
             items.append(item)
         return {"items": items}
 
-    def _get_prefix(self, op, now_ms, effects):
+    def _get_prefix(self, op, now_ms, records):
         """One shard's part of a page: up to limit+1 live items after the cursor, in key order."""
         table = self.tables.get(op.ns)
         items = []
@@ -389,7 +431,7 @@ class KvState:
             return {"items": items}
         prefix = op.prefix
         start = op.cursor if op.cursor is not None and op.cursor >= prefix else prefix
-        keys = table.keys
+        keys = table.sorted_keys()
         position = keys.bisect_right(start) if op.cursor is not None and start == op.cursor else keys.bisect_left(start)
         wanted = op.limit + 1  # one more tells the router whether another page exists
         expired = []
@@ -400,7 +442,6 @@ class KvState:
             if row.expires_at_ms and row.expires_at_ms <= now_ms:
                 expired.append(key)
                 continue
-            self.observe(row)
             item = {"key": key, "value": row.value, "version": row.version, "expiresAt": row.expires_at_ms or None}
             if op.detail:
                 item["createVersion"] = row.create_version
@@ -409,39 +450,32 @@ class KvState:
             items.append(item)
             if len(items) >= wanted:
                 break
-        if self.last_delete_version > self.wait_version:
-            self.wait_version = self.last_delete_version
         for key in expired:
-            self._drop(table, op.ns, key)
+            self.live_row(op.ns, key, now_ms)  # drops it, and hands a lock permit on
         return {"items": items}
 
-    def _check(self, op, now_ms, effects):
+    def _check(self, op, now_ms, records):
         row = self.live_row(op.ns, op.key, now_ms)
-        self.observe(row)
         version = row.version if row is not None else 0
         return {"applied": version == op.expect, "version": version}
 
-    def _put(self, op, now_ms, effects):
+    def _put(self, op, now_ms, records):
         row = self.live_row(op.ns, op.key, now_ms)
         if op.op == "putIfAbsent":
             if row is not None:
-                self.observe(row)
                 return {"applied": False, "reason": "exists", "current": _current(row)}
         elif op.expect is not None and (row.version if row is not None else 0) != op.expect:
-            self.observe(row)
             return {"applied": False, "reason": "version", "current": _current(row)}
-        new = self.write(op.ns, op.key, op.value, op.ttl_ms, row, now_ms, effects)
+        new = self.write(op.ns, op.key, op.value, op.ttl_ms, row, now_ms, records)
         return {"applied": True, "version": new.version}
 
-    def _delete(self, op, now_ms, effects):
+    def _delete(self, op, now_ms, records):
         row = self.live_row(op.ns, op.key, now_ms)
         if row is None:
-            self.observe(None)
             return {"applied": False, "reason": "absent"}
         if op.expect is not None and row.version != op.expect:
-            self.observe(row)
             return {"applied": False, "reason": "version", "current": _current(row)}
-        return {"applied": True, "version": self.delete(op.ns, op.key, effects)}
+        return {"applied": True, "version": self.delete(op.ns, op.key, records)}
 
     def _incr_miss(self, op, row) -> dict | None:
         current = row.value if row is not None else 0
@@ -453,25 +487,22 @@ class KvState:
             return {"applied": False, "reason": "limit", "value": current, "version": row.version if row else 0}
         return None
 
-    def _incr(self, op, now_ms, effects):
+    def _incr(self, op, now_ms, records):
         row = self.live_row(op.ns, op.key, now_ms)
         if op.expect is not None and (row.version if row is not None else 0) != op.expect:
-            self.observe(row)
             return {"applied": False, "reason": "version", "current": _current(row)}
         miss = self._incr_miss(op, row)
         if miss is not None:
-            self.observe(row)
             return miss
         value = (row.value if row is not None else 0) + op.by
-        new = self.write(op.ns, op.key, value, op.ttl_ms, row, now_ms, effects)
+        new = self.write(op.ns, op.key, value, op.ttl_ms, row, now_ms, records)
         return {"applied": True, "value": value, "version": new.version}
 
-    # -- time and recovery -----------------------------------------------------------------------
+    # -- time, recovery and snapshots ---------------------------------------------------------------
 
-    def expire(self, now_ms: int) -> list[tuple[str, str]]:
-        """Free the rows whose lifetime has passed; returns their (ns, key). Writes nothing to the
-        WAL: expiry is a function of the stored expires_at_ms, so replay reaches the same state."""
-        gone = []
+    def expire(self, now_ms: int) -> None:
+        """Free the rows whose lifetime has passed. Writes nothing to the WAL: expiry is a function
+        of the stored expires_at_ms, so replay reaches the same state."""
         wheel = self.wheel
         for item in wheel.advance(now_ms):
             ns, key = item
@@ -482,37 +513,39 @@ class KvState:
             if row.expires_at_ms > now_ms:
                 wheel.add(item, row.expires_at_ms)  # rewritten with a later expiry (see schedule)
                 continue
-            del table.rows[key]
-            table.keys.remove(key)
-            if not table.rows:
-                del self.tables[ns]
-            gone.append(item)
-        return gone
+            self.live_row(ns, key, now_ms)
 
-    def replay(self, effect) -> None:
-        """Re-apply one effect record from the WAL or a snapshot."""
-        tag = effect[0]
-        if tag == EFFECT_PUT:
-            _, ns, key, value, version, create_version, created_at_ms, updated_at_ms, expires_at_ms = effect
+    def replay(self, record) -> None:
+        """Re-apply one typed record (queen/core/records.py) from the WAL or a snapshot."""
+        if type(record) is rec.Put:
+            ns, key = record.ns, record.key
             table = self.tables.get(ns)
             if table is None:
                 table = self.tables[ns] = Table()
             if key not in table.rows:
-                table.keys.add(key)
-            table.rows[key] = Row(value, version, create_version, created_at_ms, updated_at_ms, expires_at_ms)
-            if expires_at_ms:
-                self.wheel.schedule((ns, key), expires_at_ms)
-        elif tag == EFFECT_DELETE:
-            _, ns, key, version = effect
-            table = self.tables.get(ns)
-            if table is not None and key in table.rows:
-                self._drop(table, ns, key)
+                table.note_insert(key)
+            table.rows[key] = Row(record.value, record.version, record.create_version, record.created_at_ms,
+                                  record.updated_at_ms, record.expires_at_ms)
+            if record.expires_at_ms:
+                self.wheel.schedule((ns, key), record.expires_at_ms)
+        elif type(record) is rec.Delete:
+            table = self.tables.get(record.ns)
+            if table is not None and record.key in table.rows:
+                self._drop(table, record.ns, record.key)
         else:
-            raise ValueError(f"unknown effect tag {tag!r}")
+            raise ValueError(f"not a KV record: {record!r}")
 
-    def rows_for_snapshot(self):
+    def snapshot_copy(self) -> list:
         """A consistent copy of every row, cheap to take: rows are immutable, so shallow copies do."""
         return [(ns, dict(table.rows)) for ns, table in self.tables.items()]
 
     def row_count(self) -> int:
         return sum(len(t.rows) for t in self.tables.values())
+
+
+def snapshot_records(copies: list, out: list) -> None:
+    """Append a put record per row of snapshot_copy()'s copies."""
+    put = rec.put
+    for ns, rows in copies:
+        for key, r in rows.items():
+            put(out, ns, key, r.value, r.version, r.create_version, r.created_at_ms, r.updated_at_ms, r.expires_at_ms)

@@ -1,5 +1,5 @@
-"""Locks and semaphores as KV rows (DESIGN.md §4): parsing of lock operations, and the lock
-operations of one shard, built on KvState and nothing else.
+"""Locks and semaphores as KV rows: parsing of lock operations, and the lock operations of one shard,
+built on KvState and nothing else.
 
 A permit is the row `queen-locks / <name>#<slot>`: its value is the owner, its TTL the lease, its
 version the token, its create_version the fence (the token at acquire, kept across renewals).
@@ -7,11 +7,13 @@ acquire = putIfAbsent on the first free slot, renew = put with expect, release =
 expect. All slots of a name hash to one shard, so an acquire with a free permit never fails for
 contention, and waiters of a name queue on that shard.
 
-Waiting acquires are parked here with an opaque ticket from the caller; when a permit of their
-name frees (release, or expiry found by the wheel) the longest-waiting one is served at once, in
-the same batch. Resolved tickets are collected in `resolved` for the actor to answer.
+Waiting acquires are parked here with the caller's opaque (reply_to, position). A permit that frees
+by any path (a release, the wheel, or a read that found it expired) goes to the longest-waiting
+acquire of its name in the same step; answers for parked acquires collect in `resolved` for the
+caller to deliver at once. Names are served in the order their permits freed, never in the order
+of a set, so a seeded run replays exactly.
 
-Never: reads a clock, awaits, or knows what a ticket is.
+Never: reads a clock, awaits, or knows what a reply_to is.
 """
 
 from __future__ import annotations
@@ -19,17 +21,18 @@ from __future__ import annotations
 import re
 from collections import deque
 
-from queen.core.kv import LOCKS_NS, KvState, Row, _fail, _int
+from queen.core.kv import LOCKS_NS, KvState, Row, check_fields, fail, integer
+from queen.core.limits import Limits
+from queen.core.wheel import TimingWheel
 from queen.errors import BadRequest
 
-NAME_BYTES_MAX = 256
-OWNER_BYTES_MAX = 256
-TTL_SECONDS_MAX = 90 * 86400  # a lock that outlives 90 days is a config row, not a lease
-PERMITS_MAX = 1024
-OPS_PER_CALL_MAX = 64
-SLOTS_PER_CALL_MAX = 4096
-WAIT_MS_MAX = 60_000
 LOCK_OPS = frozenset(("acquire", "renew", "release", "get"))
+FIELDS = {
+    "acquire": frozenset(("op", "name", "ttlSeconds", "owner", "limit", "waitMs", "forever")),
+    "renew": frozenset(("op", "name", "slot", "token", "ttlSeconds", "owner", "forever")),
+    "release": frozenset(("op", "name", "slot", "token", "owner")),
+    "get": frozenset(("op", "name", "limit")),
+}
 
 
 class LockOp:
@@ -56,75 +59,77 @@ def _utf8_size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode())
 
 
-def parse_lock_op(raw, index) -> LockOp:
+def parse_lock_op(raw, index, limits: Limits) -> LockOp:
     if type(raw) is not dict:
-        _fail("invalid_operation", "each operation must be an object", index)
+        fail("invalid_operation", "each operation must be an object", index)
     get = raw.get
     name = get("op")
-    if name not in LOCK_OPS:
-        _fail("unknown_op", "op must be one of acquire, renew, release, get", index, op=name)
+    if type(name) is not str or name not in LOCK_OPS:
+        fail("unknown_op", "op must be one of acquire, renew, release, get", index, op=name)
+    check_fields(raw, FIELDS[name], index)
     lock_name = get("name")
     if type(lock_name) is not str:
-        _fail("invalid_name", "name must be a string", index)
+        fail("invalid_name", "name must be a string", index)
     size = _utf8_size(lock_name)
-    if not 1 <= size <= NAME_BYTES_MAX:
-        _fail("invalid_name", f"name must be 1 to {NAME_BYTES_MAX} bytes", index, bytes=size)
+    if not 1 <= size <= limits.lock_name_bytes_max:
+        fail("invalid_name", f"name must be 1 to {limits.lock_name_bytes_max} bytes", index, bytes=size)
     if "#" in lock_name:
-        _fail("invalid_name", "name must not contain '#'", index)
+        fail("invalid_name", "name must not contain '#'", index)
     if _CONTROL_CHARACTER.search(lock_name) is not None:
-        _fail("invalid_name", "name must not contain control characters", index)
+        fail("invalid_name", "name must not contain control characters", index)
     op = LockOp(name, lock_name)
     owner = get("owner")
     if owner is not None:
-        if type(owner) is not str or not 1 <= _utf8_size(owner) <= OWNER_BYTES_MAX:
-            _fail("invalid_owner", f"owner must be a string of 1 to {OWNER_BYTES_MAX} bytes", index)
+        if type(owner) is not str or not 1 <= _utf8_size(owner) <= limits.lock_owner_bytes_max:
+            fail("invalid_owner", f"owner must be a string of 1 to {limits.lock_owner_bytes_max} bytes", index)
         op.owner = owner
     if name in _TTL_OPS:
         ttl = get("ttlSeconds")
-        if type(ttl) is not int or not 1 <= ttl <= TTL_SECONDS_MAX or get("forever") is not None:
-            if get("forever") is not None:
-                _fail("invalid_ttl", "a lock has no forever: a lease nobody can take back from a dead holder is not a lease", index)
+        ttl_max = limits.lock_ttl_seconds_max
+        if get("forever") is not None:
+            fail("invalid_ttl", "a lock has no forever: a lease nobody can take back from a dead holder is not a lease", index)
+        if type(ttl) is not int or not 1 <= ttl <= ttl_max:
             if ttl is None:
-                _fail("ttl_required", f"ttlSeconds is required: an integer from 1 to {TTL_SECONDS_MAX}", index)
-            _fail("invalid_ttl", f"ttlSeconds must be an integer from 1 to {TTL_SECONDS_MAX}", index)
+                fail("ttl_required", f"ttlSeconds is required: an integer from 1 to {ttl_max}", index)
+            fail("invalid_ttl", f"ttlSeconds must be an integer from 1 to {ttl_max}", index)
         op.ttl_ms = ttl * 1000
         if name == "acquire":
             limit = get("limit")
             if limit is not None:
-                op.limit = _int(limit, "limit", index, 1, PERMITS_MAX)
+                op.limit = integer(limit, "invalid_limit", "limit", index, 1, limits.lock_permits_max)
             wait_ms = get("waitMs")
             if wait_ms is not None:
-                op.wait_ms = _int(wait_ms, "waitMs", index, 0, WAIT_MS_MAX)
+                op.wait_ms = integer(wait_ms, "invalid_wait_ms", "waitMs", index, 0, limits.wait_ms_max)
     elif name == "get":
-        limit = get("limit")
-        op.limit = None if limit is None else _int(limit, "limit", index, 1, PERMITS_MAX)  # None: every holder
+        limit = get("limit")  # None: every holder
+        op.limit = None if limit is None else integer(limit, "invalid_limit", "limit", index, 1, limits.lock_permits_max)
     if name in _TOKEN_OPS:
         slot, token = get("slot"), get("token")
         if slot is None or token is None:
-            _fail("invalid_operation", f"{name} needs slot and token from the acquire answer", index)
-        op.slot = _int(slot, "slot", index, 0, PERMITS_MAX - 1)
-        op.token = _int(token, "token", index, 1)
+            fail("invalid_operation", f"{name} needs slot and token from the acquire answer", index)
+        op.slot = integer(slot, "invalid_slot", "slot", index, 0, limits.lock_permits_max - 1)
+        op.token = integer(token, "invalid_token", "token", index, 1)
     return op
 
 
-def parse_lock_ops(raw_ops) -> list[LockOp]:
+def parse_lock_ops(raw_ops, limits: Limits) -> list[LockOp]:
     if type(raw_ops) is not list or not raw_ops:
         raise BadRequest("invalid_operations", "operations must be a non-empty list")
-    if len(raw_ops) > OPS_PER_CALL_MAX:
-        raise BadRequest("too_many_operations", f"at most {OPS_PER_CALL_MAX} lock operations per call",
-                         {"count": len(raw_ops), "limit": OPS_PER_CALL_MAX})
-    ops = [parse_lock_op(raw, i) for i, raw in enumerate(raw_ops)]
+    if len(raw_ops) > limits.lock_ops_per_call_max:
+        raise BadRequest("too_many_operations", f"at most {limits.lock_ops_per_call_max} lock operations per call",
+                         {"count": len(raw_ops), "limit": limits.lock_ops_per_call_max})
+    ops = [parse_lock_op(raw, i, limits) for i, raw in enumerate(raw_ops)]
     seen = set()
     slots = 0
     for i, op in enumerate(ops):
         if op.name in seen:
-            _fail("duplicate_name", "each operation of a call must name a different lock", i, name=op.name)
+            fail("duplicate_name", "each operation of a call must name a different lock", i, name=op.name)
         seen.add(op.name)
         if op.op == "acquire":
             slots += op.limit
-    if slots > SLOTS_PER_CALL_MAX:
-        raise BadRequest("too_many_slots", f"the limits of one call's acquires add up to {slots}; at most {SLOTS_PER_CALL_MAX}",
-                         {"slots": slots, "limit": SLOTS_PER_CALL_MAX})
+    if slots > limits.lock_slots_per_call_max:
+        raise BadRequest("too_many_slots", f"the limits of one call's acquires add up to {slots}; "
+                         f"at most {limits.lock_slots_per_call_max}", {"slots": slots, "limit": limits.lock_slots_per_call_max})
     return ops
 
 
@@ -132,8 +137,8 @@ def permit_key(name: str, slot: int) -> str:
     return f"{name}#{slot}"
 
 
-def guard(name: str, slot: int, token: int) -> dict:
-    return {"op": "check", "ns": LOCKS_NS, "key": permit_key(name, slot), "expect": token, "required": True}
+def guard(key: str, token: int) -> dict:
+    return {"op": "check", "ns": LOCKS_NS, "key": key, "expect": token, "required": True}
 
 
 def holder(slot: int, row: Row) -> dict:
@@ -142,60 +147,75 @@ def holder(slot: int, row: Row) -> dict:
 
 
 class Waiter:
-    __slots__ = ("op", "deadline_ms", "ticket")
+    __slots__ = ("op", "deadline_ms", "reply_to", "position")
 
-    def __init__(self, op: LockOp, deadline_ms: int, ticket):
+    def __init__(self, op: LockOp, deadline_ms: int, reply_to, position: int):
         self.op = op
         self.deadline_ms = deadline_ms
-        self.ticket = ticket
+        self.reply_to = reply_to
+        self.position = position
 
 
 class LockTable:
     """The lock operations of one shard, over that shard's KvState."""
 
-    __slots__ = ("kv", "waiters", "resolved")
+    __slots__ = ("kv", "waiters", "deadlines", "resolved")
 
-    def __init__(self, kv: KvState):
+    def __init__(self, kv: KvState, now_ms: int):
         self.kv = kv
         self.waiters: dict[str, deque[Waiter]] = {}
-        # (ticket, result, version the answer depends on), for the actor to deliver.
+        self.deadlines = TimingWheel(now_ms)  # Waiter -> deadline_ms, so a tick looks only at due ones
+        # (reply_to, position, result) of parked acquires answered, for the caller to deliver.
         self.resolved: list = []
 
-    def apply(self, op: LockOp, now_ms: int, effects: list) -> dict:
-        if op.op == "acquire":
-            return self.acquire(op, now_ms, effects)
-        if op.op == "renew":
-            return self.renew(op, now_ms, effects)
-        if op.op == "release":
-            return self.release(op, now_ms, effects)
+    def apply(self, op: LockOp, now_ms: int, records: list, reply_to=None, position: int = 0) -> dict | None:
+        """The answer, or None when an acquire with waitMs was parked (answered later, in resolved)."""
+        kind = op.op
+        if kind == "acquire":
+            result = self.acquire(op, now_ms, records)
+            if not result["acquired"] and op.wait_ms > 0 and reply_to is not None:
+                self.park(op, now_ms, reply_to, position)
+                return None
+            return result
+        if kind == "renew":
+            return self.renew(op, now_ms, records)
+        if kind == "release":
+            return self.release(op, now_ms, records)
         return self.get(op, now_ms)
 
     def _rows(self, name: str, limit: int, now_ms: int) -> list:
         live_row = self.kv.live_row
         return [live_row(LOCKS_NS, permit_key(name, slot), now_ms) for slot in range(limit)]
 
-    def acquire(self, op: LockOp, now_ms: int, effects: list) -> dict:
+    def acquire(self, op: LockOp, now_ms: int, records: list) -> dict:
         kv = self.kv
         name = op.name
         if name in self.waiters:
             # A permit may have expired since the last tick: it belongs to the oldest waiter.
-            self.serve_waiters(name, now_ms, effects)
+            self.serve(name, now_ms, records)
+        owner = op.owner
+        if op.limit == 1:  # the common case, without the lists
+            key = name + "#0"
+            row = kv.live_row(LOCKS_NS, key, now_ms)
+            if row is None:
+                if name not in self.waiters:
+                    return self._granted(name, 0, key, kv.write(LOCKS_NS, key, owner, op.ttl_ms, None, now_ms, records))
+            elif owner is not None and row.value == owner:
+                return self._granted(name, 0, key, row, already=True)
+            return {"name": name, "acquired": False, "reason": "held",
+                    "holders": [] if row is None else [holder(0, row)]}
         keys = [f"{name}#{slot}" for slot in range(op.limit)]
         live_row = kv.live_row
         rows = [live_row(LOCKS_NS, key, now_ms) for key in keys]
-        owner = op.owner
         if owner is not None:
             for slot, row in enumerate(rows):
                 if row is not None and row.value == owner:
-                    kv.observe(row)
                     return self._granted(name, slot, keys[slot], row, already=True)
         if name not in self.waiters:  # first come first served: a free permit belongs to the oldest waiter
             for slot, row in enumerate(rows):
                 if row is None:
-                    row = kv.write(LOCKS_NS, keys[slot], owner, op.ttl_ms, None, now_ms, effects)
+                    row = kv.write(LOCKS_NS, keys[slot], owner, op.ttl_ms, None, now_ms, records)
                     return self._granted(name, slot, keys[slot], row)
-        for row in rows:
-            kv.observe(row)
         return {"name": name, "acquired": False, "reason": "held",
                 "holders": [holder(slot, row) for slot, row in enumerate(rows) if row is not None]}
 
@@ -203,109 +223,108 @@ class LockTable:
     def _granted(name: str, slot: int, key: str, row: Row, already: bool = False) -> dict:
         version = row.version
         result = {"name": name, "acquired": True, "slot": slot, "token": version, "fence": row.create_version,
-                  "owner": row.value, "expiresAt": row.expires_at_ms,
-                  "guard": {"op": "check", "ns": LOCKS_NS, "key": key, "expect": version, "required": True}}
+                  "owner": row.value, "expiresAt": row.expires_at_ms, "guard": guard(key, version)}
         if already:
             result["already"] = True
         return result
 
-    def park(self, op: LockOp, now_ms: int, ticket) -> None:
+    def park(self, op: LockOp, now_ms: int, reply_to, position: int) -> None:
         """Queue a held acquire until a permit frees or waitMs runs out."""
         queue = self.waiters.get(op.name)
         if queue is None:
             queue = self.waiters[op.name] = deque()
-        queue.append(Waiter(op, now_ms + op.wait_ms, ticket))
+        waiter = Waiter(op, now_ms + op.wait_ms, reply_to, position)
+        queue.append(waiter)
+        self.deadlines.add(waiter, waiter.deadline_ms)
 
-    def abandon(self, matches, now_ms: int) -> None:
-        """Answer and forget the waiters whose ticket `matches`: their client is gone, so they must
-        not be handed a permit nobody would use until its lease ran out."""
+    def abandon(self, reply_to) -> None:
+        """Answer and forget the waiters of reply_to: their client is gone, so they must not be
+        handed a permit nobody would use until its lease ran out."""
         for name in list(self.waiters):
             queue = self.waiters[name]
-            for waiter in [w for w in queue if matches(w.ticket)]:
+            gone = [w for w in queue if w.reply_to is reply_to]
+            for waiter in gone:
                 queue.remove(waiter)
-                self.resolved.append((waiter.ticket, {"name": name, "acquired": False, "reason": "cancelled"}, 0))
+                self.deadlines.remove(waiter)
+                self.resolved.append((reply_to, waiter.position, {"name": name, "acquired": False, "reason": "cancelled"}))
             if not queue:
                 del self.waiters[name]
 
-    def serve_waiters(self, name: str, now_ms: int, effects: list) -> None:
+    def serve(self, name: str, now_ms: int, records: list) -> None:
+        """Hand free permits of name to its waiters, oldest first; answer the head if its wait ran out."""
         queue = self.waiters.get(name)
         while queue:
             waiter = queue[0]
-            kv = self.kv
             if waiter.deadline_ms <= now_ms:
                 queue.popleft()
-                kv.wait_version = 0
-                result = self._held_answer(waiter.op, now_ms, "timeout")
-                self.resolved.append((waiter.ticket, result, kv.wait_version))
+                self.deadlines.remove(waiter)
+                self._time_out(waiter, now_ms)
                 continue
             rows = self._rows(name, waiter.op.limit, now_ms)
             free = next((slot for slot, row in enumerate(rows) if row is None), None)
             if free is None:
                 break
             queue.popleft()
+            self.deadlines.remove(waiter)
             key = permit_key(name, free)
-            row = kv.write(LOCKS_NS, key, waiter.op.owner, waiter.op.ttl_ms, None, now_ms, effects)
-            self.resolved.append((waiter.ticket, self._granted(name, free, key, row), row.version))
+            row = self.kv.write(LOCKS_NS, key, waiter.op.owner, waiter.op.ttl_ms, None, now_ms, records)
+            self.resolved.append((waiter.reply_to, waiter.position, self._granted(name, free, key, row)))
         if queue is not None and not queue:
             del self.waiters[name]
 
-    def _held_answer(self, op: LockOp, now_ms: int, reason: str) -> dict:
+    def _time_out(self, waiter: Waiter, now_ms: int) -> None:
+        op = waiter.op
         rows = self._rows(op.name, op.limit, now_ms)
-        for row in rows:
-            self.kv.observe(row)
-        return {"name": op.name, "acquired": False, "reason": reason,
-                "holders": [holder(slot, row) for slot, row in enumerate(rows) if row is not None]}
+        result = {"name": op.name, "acquired": False, "reason": "timeout",
+                  "holders": [holder(slot, row) for slot, row in enumerate(rows) if row is not None]}
+        self.resolved.append((waiter.reply_to, waiter.position, result))
 
-    def on_tick(self, freed_keys: list, now_ms: int, effects: list) -> None:
-        """After the wheel freed rows: hand freed permits to waiters, and time out the rest."""
-        names = {key.partition("#")[0] for ns, key in freed_keys if ns == LOCKS_NS}
-        names.update(name for name, queue in self.waiters.items() if any(w.deadline_ms <= now_ms for w in queue))
-        for name in names:
-            if name in self.waiters:
-                self.serve_waiters(name, now_ms, effects)
-                self._expire_waiting(name, now_ms)
-
-    def _expire_waiting(self, name: str, now_ms: int) -> None:
-        """Time out waiters behind the head whose wait ran out (the head is handled by serving)."""
-        queue = self.waiters.get(name)
-        if not queue:
+    def after_step(self, now_ms: int, records: list) -> None:
+        """Hand the permits that freed during a step (kv.freed_permits) to their waiters."""
+        freed = self.kv.freed_permits
+        if not freed:
             return
-        keep = deque()
-        for waiter in queue:
-            if waiter.deadline_ms <= now_ms:
-                self.kv.wait_version = 0
-                self.resolved.append((waiter.ticket, self._held_answer(waiter.op, now_ms, "timeout"), self.kv.wait_version))
-            else:
-                keep.append(waiter)
-        if keep:
-            self.waiters[name] = keep
-        else:
-            del self.waiters[name]
+        self.kv.freed_permits = []
+        waiters = self.waiters
+        for name in dict.fromkeys(key.rpartition("#")[0] for key in freed):
+            if name in waiters:
+                self.serve(name, now_ms, records)
 
-    def renew(self, op: LockOp, now_ms: int, effects: list) -> dict:
+    def tick(self, now_ms: int, records: list) -> None:
+        """Free expired rows, hand their permits on, and time out waits that ran out."""
+        self.kv.expire(now_ms)
+        self.after_step(now_ms, records)
+        for waiter in self.deadlines.advance(now_ms):
+            queue = self.waiters.get(waiter.op.name)
+            if queue is None or waiter not in queue:
+                continue
+            queue.remove(waiter)
+            if not queue:
+                del self.waiters[waiter.op.name]
+            self._time_out(waiter, now_ms)
+        self.after_step(now_ms, records)  # reading holders for a timeout may find expired permits
+
+    def renew(self, op: LockOp, now_ms: int, records: list) -> dict:
         kv = self.kv
         key = permit_key(op.name, op.slot)
         row = kv.live_row(LOCKS_NS, key, now_ms)
         if not self._holds(op, row):
-            kv.observe(row)
             return {"name": op.name, "renewed": False, "reason": "lost"}
-        row = kv.write(LOCKS_NS, key, row.value, op.ttl_ms, row, now_ms, effects)
+        row = kv.write(LOCKS_NS, key, row.value, op.ttl_ms, row, now_ms, records)
         return {"name": op.name, "renewed": True, "slot": op.slot, "token": row.version, "fence": row.create_version,
-                "expiresAt": row.expires_at_ms, "guard": guard(op.name, op.slot, row.version)}
+                "expiresAt": row.expires_at_ms, "guard": guard(key, row.version)}
 
-    def release(self, op: LockOp, now_ms: int, effects: list) -> dict:
+    def release(self, op: LockOp, now_ms: int, records: list) -> dict:
         kv = self.kv
         key = permit_key(op.name, op.slot)
         row = kv.live_row(LOCKS_NS, key, now_ms)
         if row is None:
-            kv.observe(None)
             return {"name": op.name, "released": False, "reason": "absent"}
         if not self._holds(op, row):
-            kv.observe(row)
             return {"name": op.name, "released": False, "reason": "lost"}
-        kv.delete(LOCKS_NS, key, effects)
+        kv.delete(LOCKS_NS, key, records)
         if op.name in self.waiters:
-            self.serve_waiters(op.name, now_ms, effects)
+            self.serve(op.name, now_ms, records)
         return {"name": op.name, "released": True}
 
     @staticmethod
@@ -326,15 +345,12 @@ class LockTable:
         holders = []
         if table is not None:
             prefix = op.name + "#"
-            for key in list(table.keys.irange(prefix, prefix + "\uffff")):
+            for key in list(table.sorted_keys().irange(prefix, prefix + "\uffff")):
                 slot = int(key[len(prefix):])
                 if op.limit is not None and slot >= op.limit:
                     continue
                 row = kv.live_row(LOCKS_NS, key, now_ms)
-                kv.observe(row)
                 if row is not None:
                     holders.append(holder(slot, row))
         holders.sort(key=lambda h: h["slot"])
-        if kv.last_delete_version > kv.wait_version:
-            kv.wait_version = kv.last_delete_version
         return {"name": op.name, "holders": holders}

@@ -1,9 +1,9 @@
 """Transactions: several KV operations, possibly on several shards, applied all or nothing as one
-WAL record (one submit, so one frame).
+step, so one submit and one frame.
 
 Every precondition (expect, check, putIfAbsent, incr bounds) is evaluated against the state before
 the transaction; the keys of one transaction are distinct, so that is also the state each write
-sees. If any misses, nothing is written. Pure: the caller passes each op's shard state and now_ms.
+sees. If any misses, nothing is written. Pure: the caller passes each op's KV state and now_ms.
 """
 
 from __future__ import annotations
@@ -28,27 +28,19 @@ def check_transaction_ops(ops: list[KvOp]) -> None:
         seen.add((op.ns, op.key))
 
 
-def apply_transaction(ops: list[KvOp], states: list[KvState], now_ms: int, effects: list) -> tuple[dict, int]:
-    """(answer, the version the answer depends on). states[i] owns ops[i]'s key."""
-    for state in states:
-        state.wait_version = 0
+def apply_transaction(ops: list[KvOp], states: list[KvState], now_ms: int, records: list) -> dict:
+    """The answer; states[i] owns ops[i]'s key."""
     for index, (op, state) in enumerate(zip(ops, states, strict=True)):
-        if op.op == "get":
-            continue
         miss = state.precheck(op, now_ms)
         if miss is not None:
             current = miss.get("current") or {"version": miss.get("version", 0)}
             failed = {"section": "kv", "index": index, "op": op.op, "ns": op.ns, "key": op.key,
                       "reason": miss["reason"], "current": current}
-            return {"success": False, "reason": "kv_precondition", "failed": failed}, _wait(states)
+            return {"success": False, "reason": "kv_precondition", "failed": failed}
     results = []
     for index, (op, state) in enumerate(zip(ops, states, strict=True)):
-        result = state.apply(op, now_ms, effects)
+        result = state.apply(op, now_ms, records)
         result["index"] = index
         result["op"] = op.op
         results.append(result)
-    return {"success": True, "kv": results}, _wait(states)
-
-
-def _wait(states: list[KvState]) -> int:
-    return max(state.wait_version for state in states)
+    return {"success": True, "kv": results}

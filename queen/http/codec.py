@@ -1,10 +1,16 @@
-"""Request and response bodies: JSON by default, CBOR when the client asks for it (DESIGN.md §2)."""
+"""Request and response bodies: JSON by default, CBOR when the client asks for it.
+
+Byte strings: kept as they are over CBOR; in JSON they take the form queen/core/values.py
+documents. Every other value a CBOR body may hold that JSON could not give back is refused here,
+before anything reads the document.
+"""
 
 from __future__ import annotations
 
 import cbor2
 import orjson
 
+from queen.core.values import check_cbor, decode_json_bytes, json_default, may_hold_bytes
 from queen.errors import BadRequest
 
 JSON = b"application/json"
@@ -16,17 +22,22 @@ def decode_body(body: bytes, content_type: bytes):
         raise BadRequest("invalid_body", "the request needs a body")
     if content_type.startswith(CBOR):
         try:
-            return cbor2.loads(body)
+            document = cbor2.loads(body)
         except Exception:  # noqa: BLE001 - any decoder failure is the client's malformed body
             raise BadRequest("invalid_cbor", "the body is not valid CBOR") from None
+        check_cbor(document)
+        return document
     try:
-        return orjson.loads(body)
+        document = orjson.loads(body)
     except orjson.JSONDecodeError as error:
         raise BadRequest("invalid_json", f"the body is not valid JSON: {error}") from None
+    if may_hold_bytes(body):
+        document = decode_json_bytes(document)
+    return document
 
 
 def encode_body(document, wants_cbor: bool) -> tuple[bytes, bytes]:
     """(body, content type)."""
     if wants_cbor:
         return cbor2.dumps(document), CBOR
-    return orjson.dumps(document), JSON
+    return orjson.dumps(document, default=json_default), JSON

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, unquote
 
-from queen.core.kv import READ_OPS, Limits, decode_cursor, parse_kv_op, parse_kv_ops
-from queen.core.locks import NAME_BYTES_MAX, parse_lock_ops
+from queen.core.kv import READ_OPS, check_fields, decode_cursor, parse_kv_op, parse_kv_ops
+from queen.core.limits import Limits
+from queen.core.locks import parse_lock_ops
 from queen.core.txn import LATER_SECTIONS, SECTIONS, check_transaction_ops
 from queen.errors import BadRequest, QueenError
 from queen.http.codec import CBOR, decode_body, encode_body
@@ -75,8 +76,7 @@ class Api:
 
     async def _kv_batch(self, request: Request):
         document = decode_body(request.body, request.content_type)
-        if type(document) is not dict:
-            raise BadRequest("invalid_body", 'the body must be an object: {"operations": [...]}')
+        _check_batch_body(document)
         ops = parse_kv_ops(document.get("operations"), self.limits, values_checked=self._values_checked(request))
         has_writes = any(op.op not in READ_OPS for op in ops)
         return {"results": await self.router.run_kv(ops, has_writes)}
@@ -97,15 +97,17 @@ class Api:
         if method == b"POST":
             if not key_raw.endswith("/incr"):
                 raise MethodNotAllowed("method_not_allowed", "POST on a key is only .../incr", {"allow": ["GET", "PUT", "DELETE"]})
-            raw = self._body_object(request, required=False)
+            raw = self._body_object(request, required=False, allowed=_INCR_BODY)
             raw.update(op="incr", ns=ns, key=unquote(key_raw[:-len("/incr")]))
             return await self._one(raw)
         key = unquote(key_raw)
         if method == b"GET":
             return await self._one({"op": "get", "ns": ns, "key": key})
         if method == b"PUT":
-            raw = self._body_object(request, required=True)
+            raw = self._body_object(request, required=True, allowed=_PUT_BODY)
             if_absent = raw.pop("ifAbsent", False)
+            if if_absent is not True and if_absent is not False:
+                raise BadRequest("invalid_if_absent", "ifAbsent must be true or false")
             raw.update(op="putIfAbsent" if if_absent is True else "put", ns=ns, key=key)
             return await self._one(raw)
         if method == b"DELETE":
@@ -119,16 +121,15 @@ class Api:
 
     async def _locks(self, request: Request):
         document = decode_body(request.body, request.content_type)
-        if type(document) is not dict:
-            raise BadRequest("invalid_body", 'the body must be an object: {"operations": [...]}')
-        ops = parse_lock_ops(document.get("operations"))
+        _check_batch_body(document)
+        ops = parse_lock_ops(document.get("operations"), self.limits)
         return {"results": await self.router.run_locks(ops, wait_gone=request.wait_gone)}
 
     async def _list_locks(self, query: str):
         params = _query(query)
         prefix = params.get("prefix", "")
-        if len(prefix.encode()) > NAME_BYTES_MAX:
-            raise BadRequest("invalid_prefix", f"prefix must be at most {NAME_BYTES_MAX} bytes")
+        if len(prefix.encode()) > self.limits.lock_name_bytes_max:
+            raise BadRequest("invalid_prefix", f"prefix must be at most {self.limits.lock_name_bytes_max} bytes")
         limit = _int_param(params, "limit") if "limit" in params else 100
         if not 1 <= limit <= self.limits.page_items_max:
             raise BadRequest("invalid_limit", f"limit must be from 1 to {self.limits.page_items_max}")
@@ -139,6 +140,8 @@ class Api:
         if type(document) is not dict:
             raise BadRequest("invalid_body", 'the body must be an object: {"kv": [...]}')
         for section in document:
+            if type(section) is not str:
+                raise BadRequest("unknown_section", "section names are strings", {"section": section})
             if section in LATER_SECTIONS:
                 raise BadRequest("unsupported_section", f"the {section} section is not available on this server yet",
                                  {"section": section})
@@ -154,17 +157,30 @@ class Api:
         when re-encoded) a body of at most half the value limit cannot hold a value over it."""
         return not request.content_type.startswith(CBOR) and len(request.body) * 2 <= self.limits.value_bytes_max
 
-    def _body_object(self, request: Request, required: bool) -> dict:
+    def _body_object(self, request: Request, required: bool, allowed: frozenset) -> dict:
+        """The body of a one-key route: an object of the fields its op takes, less those the path gives."""
         if not request.body and not required:
             return {}
         document = decode_body(request.body, request.content_type)
         if type(document) is not dict:
             raise BadRequest("invalid_body", "the body must be an object")
+        check_fields(document, allowed, None, "body")
         return document
 
     async def _one(self, raw: dict):
         op = parse_kv_op(raw, None, self.limits)
         return (await self.router.run_kv([op], op.op not in READ_OPS))[0]
+
+
+_PUT_BODY = frozenset(("value", "ttlSeconds", "forever", "expect", "ifAbsent"))
+_INCR_BODY = frozenset(("by", "max", "min", "ttlSeconds", "forever", "expect"))
+_BATCH_BODY = frozenset(("operations",))
+
+
+def _check_batch_body(document) -> None:
+    if type(document) is not dict:
+        raise BadRequest("invalid_body", 'the body must be an object: {"operations": [...]}')
+    check_fields(document, _BATCH_BODY, None, "body")
 
 
 def _allow(method: bytes, *allowed: bytes) -> None:
@@ -179,7 +195,7 @@ def _query(query: str) -> dict[str, str]:
 
 
 def _int_param(params: dict, name: str) -> int:
-    try:
-        return int(params[name])
-    except ValueError:
-        raise BadRequest(f"invalid_{name}", f"{name} must be an integer") from None
+    raw = params[name]
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19):
+        raise BadRequest(f"invalid_{name}", f"{name} must be a whole number")
+    return int(raw)

@@ -18,21 +18,19 @@ import trio
 
 from queen.clock import Clock
 from queen.config import Config
-from queen.core.kv import Limits, VersionCounter
-from queen.core.shard import ShardState
+from queen.core.state import State
+from queen.core.wheel import TICK_MS
 from queen.http.connection import HttpServer
 from queen.http.routes import Api
-from queen.runtime.router import Router, send_ticks, shard_of
+from queen.runtime.router import Router, tick_forever
 from queen.runtime.shard_actor import ShardActor
+from queen.runtime.steps import StepRunner
 from queen.wal.disk import Disk
 from queen.wal.disk_thread import DiskThread
 from queen.wal.recovery import recover
 from queen.wal.writer import WalWriter
 
 logger = logging.getLogger(__name__)
-
-TICK_MS = 50
-
 
 class DataDirBusy(Exception):
     pass
@@ -47,6 +45,7 @@ class Server:
         self.wall_at_start_ms = wall_at_start_ms
         self.port: int | None = None
         self.router: Router | None = None
+        self.state: State | None = None
         self.writer: WalWriter | None = None
         self.http: HttpServer | None = None
         self._stop = trio.Event()
@@ -79,36 +78,31 @@ class Server:
     async def _run(self, task_status) -> None:
         config = self.config
         clock = Clock(self.wall_at_start_ms)
-        versions = VersionCounter()
-        now_ms = clock.now_ms()
-        states = [ShardState(versions, now_ms) for _ in range(config.shard_count)]
         count = config.shard_count
-
-        def apply_effect(effect):
-            states[shard_of(effect[1], effect[2], count)].kv.replay(effect)
+        state = self.state = State(count, clock.now_ms())
 
         started = time.perf_counter()
-        recovered = await trio.to_thread.run_sync(recover, config.data_dir, apply_effect, self.disk)
-        versions.last = recovered.last_version
-        logger.info("event=recovered snapshot_version=%d snapshot_rows=%d segments=%d frames=%d records=%d "
-                    "truncated_bytes=%d last_version=%d rows=%d seconds=%.3f",
-                    recovered.snapshot_version, recovered.snapshot_rows, recovered.segments, recovered.frames,
-                    recovered.records, recovered.truncated_bytes, recovered.last_version,
-                    sum(s.kv.row_count() for s in states), time.perf_counter() - started)
+        recovered = await trio.to_thread.run_sync(recover, config.data_dir, state.replay, self.disk)
+        state.versions.last = recovered.version_floor
+        logger.info("event=recovered snapshot_version=%d snapshot_records=%d segments=%d frames=%d records=%d "
+                    "truncated_bytes=%d quarantined=%d last_version=%d ceiling=%d versions_from=%d rows=%d seconds=%.3f",
+                    recovered.snapshot_version, recovered.snapshot_records, recovered.segments, recovered.frames,
+                    recovered.records, recovered.truncated_bytes, len(recovered.quarantined), recovered.last_version,
+                    recovered.ceiling, recovered.version_floor + 1, state.row_count(), time.perf_counter() - started)
 
         disk_thread = None
         if self.run_blocking is None:
             disk_thread = DiskThread()
         writer = self.writer = WalWriter(
             config.data_dir, disk=self.disk, next_segment=recovered.next_segment,
-            durable_version=recovered.last_version, segment_bytes_max=config.segment_bytes_max,
-            snapshot_wal_bytes=config.snapshot_wal_bytes,
-            capture_state=lambda: [state.kv.rows_for_snapshot() for state in states],
-            run_blocking=self.run_blocking or disk_thread.run_sync)
-        actors = [ShardActor(i, state, writer, clock) for i, state in enumerate(states)]
-        router = self.router = Router(actors, writer, clock)
-        limits = Limits(value_bytes_max=config.value_bytes_max, ops_per_call_max=config.ops_per_call_max)
-        http = self.http = HttpServer(Api(router, limits, metrics=self.metrics_text), config)
+            durable_version=recovered.version_floor, ceiling=recovered.ceiling,
+            segment_bytes_max=config.segment_bytes_max, snapshot_wal_bytes=config.snapshot_wal_bytes,
+            capture_state=state.snapshot_capture, run_blocking=self.run_blocking or disk_thread.run_sync,
+            inline_allowed=self.run_blocking is None)
+        steps = StepRunner(state, writer, clock)
+        actors = [ShardActor(i, steps) for i in range(count)]
+        router = self.router = Router(actors, steps)
+        http = self.http = HttpServer(Api(router, config.limits(), metrics=self.metrics_text), config)
 
         writer_done = trio.Event()
 
@@ -122,7 +116,7 @@ class Server:
             await core.start(run_writer)
             for actor in actors:
                 core.start_soon(actor.run)
-            core.start_soon(send_ticks, actors, TICK_MS)
+            core.start_soon(tick_forever, steps, TICK_MS)
             listeners = await trio.open_tcp_listeners(config.port, host=config.host)
             self.port = listeners[0].socket.getsockname()[1]
             async with trio.open_nursery() as connections:
@@ -148,8 +142,8 @@ class Server:
         logger.info("event=shutdown_complete durable_version=%d", writer.durable_version)
 
     def metrics_text(self) -> str:
-        writer, http, router = self.writer, self.http, self.router
-        rows = sum(actor.state.kv.row_count() for actor in router.actors)
+        writer, http = self.writer, self.http
+        rows = self.state.row_count()
         lines = [
             ("queen_requests_total", "counter", "HTTP requests answered", http.requests_total),
             ("queen_connections", "gauge", "open HTTP connections", http.connections),

@@ -1,12 +1,26 @@
 """The group-commit writer: one frame and one fsync per batch of whatever arrived meanwhile.
 
-Shard actors `submit` effect records synchronously right after applying them, so the buffer is
-always in version order and a version that exists in memory is always in the buffer, in the frame
-being written, or durable. Callers then `when_durable(version, waiter)`; the waiter's `done` event is
-set once the fsync covering that version returns (or with `error` set if it never will).
+Steps `submit` their records synchronously right after they are applied, so the buffer is always in
+version order and a version that exists in memory is in the buffer, in the frame being written, or
+durable. Callers then `when_durable(version, waiter)`; the waiter's `done` event is set once the
+fsync covering that version returns (or with `error` set if it never will).
 
-Encoding, write and fsync run in a worker thread (trio.to_thread) so the event loop keeps
-serving requests and forming the next batch meanwhile.
+Where the disk work runs: encoding, write and fsync of a frame run on the event loop while fsyncs
+are fast, and in the disk thread once they are slow (bench/README.md, "Durability path"). A thread
+hand-off per frame costs more CPU than a fast fsync blocks the loop; a slow disk must not stall
+every connection. Snapshots always go to the thread.
+
+Invariants:
+  - versions rise across submits (asserted);
+  - before a frame goes to disk, a ceiling record at or above its last version is on disk in an
+    earlier frame or the snapshot; the writer renews the ceiling CEILING_BLOCK ahead, in a small
+    frame written just before the batch's (same write, same fsync), whenever a batch comes within
+    half a block of it. Recovery restarts versions above the highest ceiling, so even a cut frame's
+    versions are never handed out twice;
+  - a segment is cut by creating the next one (header, fsync, directory fsync) and only then
+    writing a segment_cut record into the old one, so the log never names a segment the disk may
+    not have. Running out of descriptors while cutting is not a failure: the log goes on in the
+    current segment and the cut is tried again at the next commit.
 
 On a write or fsync error the writer stops for good: nothing in that batch or after it is
 acknowledged, and the file is never fsynced again as if the failed fsync had not happened (after a
@@ -21,30 +35,46 @@ import time
 
 import trio
 
+from queen.core import records as rec
 from queen.errors import Unavailable
 from queen.wal.disk import Disk
 from queen.wal.frame import encode_frame, file_header
-from queen.wal.recovery import effect_version, list_dir, segment_name
+from queen.wal.recovery import list_dir, segment_name
 from queen.wal.snapshot import encode_snapshot, snapshot_name
 
 logger = logging.getLogger(__name__)
 
+# Versions reserved ahead of use. A restart begins above the last ceiling, so this is also the
+# most versions a restart skips; a ceiling record is renewed about every half block.
+CEILING_BLOCK = 1 << 16
+# A frame's write + fsync runs on the event loop while the mean of recent ones is under
+# INLINE_FSYNC_S_MAX, in the disk thread once it goes over, and back on the loop under half of it.
+INLINE_FSYNC_S_MAX = 0.0005
+_EWMA_WEIGHT = 0.2
+
 
 class WalWriter:
-    def __init__(self, data_dir: str, *, disk: Disk, next_segment: int, durable_version: int,
-                 segment_bytes_max: int, snapshot_wal_bytes: int, capture_state=None, run_blocking=None):
+    def __init__(self, data_dir: str, *, disk: Disk, next_segment: int, durable_version: int, ceiling: int,
+                 segment_bytes_max: int, snapshot_wal_bytes: int, capture_state=None, run_blocking=None,
+                 inline_allowed: bool = True):
         self.data_dir = data_dir
         self.disk = disk
-        # How blocking disk work runs: a worker thread in production. Tests under MockClock pass an
-        # inline runner, since autojump would otherwise advance virtual time during every fsync.
+        # How blocking disk work runs off the loop: the disk thread in production. Tests under
+        # MockClock pass an inline runner, since autojump would otherwise advance virtual time
+        # during every fsync.
         self._run_blocking = run_blocking or trio.to_thread.run_sync
+        self._inline_allowed = inline_allowed
+        self._inline = inline_allowed
+        self._fsync_mean_s = 0.0
         self.durable_version = durable_version
+        self.ceiling = ceiling  # the highest ceiling on disk
         self.failed: OSError | None = None
         self.segment_bytes_max = segment_bytes_max
         self.snapshot_wal_bytes = snapshot_wal_bytes
-        # capture_state() -> [(ns, {key: Row})...] per shard, taken synchronously at a batch edge.
+        # capture_state() -> a function that, run in the disk thread, returns the snapshot's
+        # sections; taken synchronously at a batch edge, so the state is exactly at that batch.
         self._capture_state = capture_state
-        self._records: list = []
+        self._items: list = []
         self._waiters: list = []
         self._first_version = 0
         self._last_version = durable_version
@@ -55,6 +85,7 @@ class WalWriter:
         self._segment_seq = next_segment
         self._fd: int | None = None
         self._segment_bytes = 0
+        self._cut_wanted = False
         self._bytes_since_snapshot = 0
         self._snapshot_running = False
         self.batches = 0
@@ -62,16 +93,20 @@ class WalWriter:
         self.bytes_written = 0
         self.fsync_seconds_total = 0.0
         self.snapshots_written = 0
+        self.inline_commits = 0
 
-    # -- called by shard actors, synchronously -------------------------------------------------
+    # -- called by whoever applied a step, synchronously --------------------------------------------
 
-    def submit(self, records: list) -> None:
+    def submit(self, items: list, first_version: int, last_version: int) -> None:
+        """Queue a step's records (a flat list, queen/core/records.py) for the next frame. They took
+        the versions first_version..last_version, all above any submitted before."""
+        assert first_version > self._last_version or self.failed is not None, "versions must rise across submits"
         if self.failed is not None:
             return  # nothing will be written again; every waiter is answered 503 by when_durable
-        if not self._records:
-            self._first_version = effect_version(records[0])
-        self._records.extend(records)
-        self._last_version = effect_version(records[-1])
+        if not self._items:
+            self._first_version = first_version
+        self._items += items
+        self._last_version = last_version
         if not self._work.is_set():
             self._work.set()
 
@@ -88,30 +123,35 @@ class WalWriter:
             assert version <= self._last_version, "waiting for a version nobody submitted"
             self._waiters.append(waiter)
 
-    # -- the writer task ---------------------------------------------------------------------------
+    # -- the writer task ----------------------------------------------------------------------------
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await self._run_blocking(self._open_segment)
+        self._fd = await self._run_blocking(self._create_segment, self._segment_seq)
+        self._segment_bytes = len(file_header())
         async with trio.open_nursery() as nursery:
             task_status.started()
             while True:
-                if not self._records:
+                if not self._items:
                     if self._closing:
                         break
                     await self._work.wait()
                     self._work = trio.Event()
                     continue
-                records, waiters = self._records, self._waiters
+                items, waiters = self._items, self._waiters
                 first, last = self._first_version, self._last_version
-                self._records, self._waiters = [], []
+                self._items, self._waiters = [], []
                 self._inflight_last, self._inflight_waiters = last, waiters
                 captured = None
                 if (self._capture_state is not None and not self._snapshot_running
                         and self._bytes_since_snapshot >= self.snapshot_wal_bytes):
                     captured = self._capture_state()  # state exactly at `last`: no await since
-                    self._bytes_since_snapshot = 0
+                    self._cut_wanted = True
                 try:
-                    await self._run_blocking(self._commit, records, first, captured is not None)
+                    if self._inline:
+                        self.inline_commits += 1
+                        self._commit(items, first, last)
+                    else:
+                        await self._run_blocking(self._commit, items, first, last)
                 except OSError as error:
                     self._fail(error)
                     return
@@ -119,8 +159,14 @@ class WalWriter:
                 for waiter in waiters:
                     waiter.done.set()
                 if captured is not None:
-                    self._snapshot_running = True
-                    nursery.start_soon(self._write_snapshot, last, self._segment_seq, captured)
+                    if self._cut_wanted:  # the new segment could not be opened: snapshot later
+                        self._bytes_since_snapshot = self.snapshot_wal_bytes
+                    else:
+                        self._bytes_since_snapshot = 0
+                        self._snapshot_running = True
+                        nursery.start_soon(self._write_snapshot, last, self.ceiling, self._segment_seq, captured)
+                if self._inline_allowed:
+                    self._choose_where_to_commit()
         await self._run_blocking(self._close_segment)
 
     def close(self) -> None:
@@ -128,52 +174,91 @@ class WalWriter:
         self._closing = True
         self._work.set()
 
+    def _choose_where_to_commit(self) -> None:
+        if self._inline and self._fsync_mean_s > INLINE_FSYNC_S_MAX:
+            self._inline = False
+            logger.info("event=wal_commits_to_thread fsync_mean_ms=%.3f", self._fsync_mean_s * 1000)
+        elif not self._inline and self._fsync_mean_s < INLINE_FSYNC_S_MAX / 2:
+            self._inline = True
+            logger.info("event=wal_commits_inline fsync_mean_ms=%.3f", self._fsync_mean_s * 1000)
+
     def _fail(self, error: OSError) -> None:
         self.failed = error
         logger.error("event=wal_failed error=%r action=refusing_writes records_unacknowledged=%d",
-                     str(error), len(self._records))
+                     str(error), len(self._items))
         unavailable = _unavailable(error)
         for waiter in self._inflight_waiters + self._waiters:
             waiter.error = unavailable
             waiter.done.set()
-        self._inflight_waiters, self._waiters, self._records = [], [], []
+        self._inflight_waiters, self._waiters, self._items = [], [], []
 
-    # -- blocking parts, in a worker thread --------------------------------------------------------
+    # -- blocking parts -------------------------------------------------------------------------------
 
-    def _open_segment(self) -> None:
-        path = os.path.join(self.data_dir, segment_name(self._segment_seq))
-        self._fd = self.disk.open_append(path)
-        header = file_header()
-        self.disk.write(self._fd, header)
-        self.disk.fsync(self._fd)
-        self.disk.fsync_dir(self.data_dir)
-        self._segment_bytes = len(header)
+    def _create_segment(self, seq: int) -> int:
+        """A new segment file whose header and directory entry are durable; its fd."""
+        path = os.path.join(self.data_dir, segment_name(seq))
+        fd = self.disk.create(path)
+        try:
+            self.disk.write(fd, file_header())
+            self.disk.fsync(fd)
+            self.disk.fsync_dir(self.data_dir)
+        except BaseException:
+            self.disk.close(fd)
+            raise
+        return fd
 
     def _close_segment(self) -> None:
         if self._fd is not None:
             self.disk.close(self._fd)
             self._fd = None
 
-    def _commit(self, records: list, first_version: int, roll: bool) -> None:
-        frame = encode_frame(records, first_version)
+    def _commit(self, items: list, first_version: int, last_version: int) -> None:
+        data = b""
+        ceiling = self.ceiling
+        if last_version > ceiling - CEILING_BLOCK // 2:
+            ceiling = last_version + CEILING_BLOCK
+            marker: list = []
+            rec.ceiling(marker, ceiling)
+            data = encode_frame(marker, 0, 0)
+        data += encode_frame(items, first_version, last_version)
         started = time.perf_counter()
+        self.disk.write(self._fd, data)
+        self.disk.fsync(self._fd)
+        elapsed = time.perf_counter() - started
+        self.ceiling = ceiling
+        self._fsync_mean_s += (elapsed - self._fsync_mean_s) * _EWMA_WEIGHT
+        self.fsync_seconds_total += elapsed
+        self.batches += 1
+        self.records_written += last_version - first_version + 1 if last_version else 0
+        self.bytes_written += len(data)
+        self._segment_bytes += len(data)
+        self._bytes_since_snapshot += len(data)
+        if self._cut_wanted or self._segment_bytes >= self.segment_bytes_max:
+            self._cut_segment()
+
+    def _cut_segment(self) -> None:
+        next_seq = self._segment_seq + 1
+        try:
+            fd = self._create_segment(next_seq)
+        except OSError as error:
+            # Out of descriptors, say: not a reason to stop logging. The current segment stays
+            # open and the cut is tried again after the next commit.
+            self._cut_wanted = True
+            logger.warning("event=segment_cut_postponed segment=%s error=%r", segment_name(next_seq), str(error))
+            return
+        marker: list = []
+        rec.segment_cut(marker, next_seq)
+        frame = encode_frame(marker, 0, 0)
         self.disk.write(self._fd, frame)
         self.disk.fsync(self._fd)
-        self.fsync_seconds_total += time.perf_counter() - started
-        self.batches += 1
-        self.records_written += len(records)
-        self.bytes_written += len(frame)
-        self._segment_bytes += len(frame)
-        self._bytes_since_snapshot += len(frame)
-        if roll or self._segment_bytes >= self.segment_bytes_max:
-            self._close_segment()
-            self._segment_seq += 1
-            self._open_segment()
-            logger.info("event=segment_cut segment=%s", segment_name(self._segment_seq))
+        self.disk.close(self._fd)
+        self._fd, self._segment_seq, self._segment_bytes = fd, next_seq, len(file_header())
+        self._cut_wanted = False
+        logger.info("event=segment_cut segment=%s", segment_name(next_seq))
 
-    async def _write_snapshot(self, version: int, first_segment: int, captured) -> None:
+    async def _write_snapshot(self, version: int, ceiling: int, first_segment: int, captured) -> None:
         try:
-            removed = await self._run_blocking(self._snapshot_blocking, version, first_segment, captured)
+            removed = await self._run_blocking(self._snapshot_blocking, version, ceiling, first_segment, captured)
         except OSError as error:
             # A failed snapshot loses nothing (the segments it would replace are kept); say so and
             # try again after the next threshold.
@@ -184,10 +269,10 @@ class WalWriter:
         finally:
             self._snapshot_running = False
 
-    def _snapshot_blocking(self, version: int, first_segment: int, captured) -> int:
-        data = encode_snapshot(version, first_segment, captured)
+    def _snapshot_blocking(self, version: int, ceiling: int, first_segment: int, captured) -> int:
+        data = encode_snapshot(version, ceiling, first_segment, captured())
         self.disk.write_file_atomically(os.path.join(self.data_dir, snapshot_name(version)), data)
-        segments, snapshots = list_dir(self.data_dir)
+        segments, snapshots = list_dir(self.disk.list_dir(self.data_dir))
         removed = 0
         for seq, name in segments.items():
             if seq < first_segment:

@@ -2,7 +2,9 @@
 
 import pytest
 
-from queen.core.kv import KvState, Limits, VersionCounter, parse_kv_op, parse_kv_ops
+from queen.core import records as rec
+from queen.core.kv import KvState, VersionCounter, parse_kv_op, parse_kv_ops
+from queen.core.limits import Limits
 from queen.errors import BadRequest
 
 T0 = 1_700_000_000_000
@@ -74,7 +76,7 @@ def test_wheel_frees_expired_rows_so_memory_follows_live_data():
         run(state, put(f"k{i}", i, ttlSeconds=1 + i % 3))
     run(state, put("forever", 1, forever=True))
     assert state.row_count() == 101
-    assert len(state.expire(T0 + 3050)) == 100
+    state.expire(T0 + 3050)
     assert state.row_count() == 1 and len(state.wheel) == 0
 
 
@@ -82,7 +84,8 @@ def test_rewriting_a_row_moves_its_wheel_entry():
     state = make_state()
     run(state, put("k", 1, ttlSeconds=1))
     run(state, put("k", 2, ttlSeconds=10))
-    assert state.expire(T0 + 2000) == []
+    state.expire(T0 + 2000)
+    assert state.row_count() == 1
     assert run(state, {"op": "get", "ns": "app", "key": "k"}, T0 + 2000)["value"] == 2
 
 
@@ -131,7 +134,7 @@ def test_check_reports_without_writing():
     run(state, put("k", 1), effects=effects)
     assert run(state, {"op": "check", "ns": "app", "key": "k", "expect": 1}, effects=effects) == {"applied": True, "version": 1}
     assert run(state, {"op": "check", "ns": "app", "key": "k", "expect": 0}, effects=effects)["applied"] is False
-    assert len(effects) == 1
+    assert len(rec.decode(effects)) == 1
 
 
 def test_get_prefix_pages_in_key_order_with_cursor():
@@ -150,7 +153,7 @@ def test_misses_write_nothing_and_take_no_version():
     run(state, put("k", 1), effects=effects)
     run(state, put("k", 2, expect=7), effects=effects)
     run(state, {"op": "putIfAbsent", "ns": "app", "key": "k", "value": 3, "forever": True}, effects=effects)
-    assert len(effects) == 1 and state.versions.last == 1
+    assert len(rec.decode(effects)) == 1 and state.versions.last == 1
 
 
 def test_replay_of_effects_rebuilds_the_same_rows():
@@ -161,8 +164,8 @@ def test_replay_of_effects_rebuilds_the_same_rows():
     run(state, {"op": "delete", "ns": "app", "key": "a"}, effects=effects)
     run(state, {"op": "incr", "ns": "app", "key": "b", "forever": True}, effects=effects)
     copy = make_state()
-    for effect in effects:
-        copy.replay(effect)
+    for record in rec.decode(effects):
+        copy.replay(record)
     for key in ("a", "b"):
         assert run(copy, {"op": "get", "ns": "app", "key": key}) == run(state, {"op": "get", "ns": "app", "key": key})
 
@@ -186,6 +189,12 @@ def test_replay_of_effects_rebuilds_the_same_rows():
     ({"op": "getPrefix", "ns": "app", "limit": 1001}, "invalid_limit"),
     ({"op": "getPrefix", "ns": "app", "cursor": "!!"}, "invalid_cursor"),
     ({"op": "frobnicate", "ns": "app", "key": "k"}, "unknown_op"),
+    ({"op": {"a": 1}, "ns": "app", "key": "k"}, "unknown_op"),
+    ({"op": ["put"], "ns": "app", "key": "k"}, "unknown_op"),
+    ({"op": b"put", "ns": "app", "key": "k"}, "unknown_op"),
+    ({"op": "put", "ns": "app", "key": "k", "value": 1, "forever": True, "expct": 3}, "unknown_field"),
+    ({"op": "get", "ns": "app", "key": "k", "value": 1}, "unknown_field"),
+    ({"op": "incr", "ns": "app", "key": "k", "forever": True, "by": 1.5}, "invalid_by"),
     ("put", "invalid_operation"),
 ])
 def test_bad_operations_are_rejected_with_a_specific_code(raw, code):
@@ -193,6 +202,33 @@ def test_bad_operations_are_rejected_with_a_specific_code(raw, code):
         parse_kv_op(raw, 3, LIMITS)
     assert caught.value.code == code
     assert caught.value.details.get("index") == 3
+
+
+def test_a_misspelt_field_is_refused_by_name_not_ignored():
+    # {"expct": 3} must not turn a compare-and-set into a blind write.
+    with pytest.raises(BadRequest) as caught:
+        parse_kv_op({"op": "put", "ns": "app", "key": "k", "value": 1, "forever": True, "expct": 3}, 0, LIMITS)
+    assert caught.value.code == "unknown_field" and caught.value.details["field"] == "expct"
+
+
+def test_namespace_and_key_sizes_follow_the_configured_limits():
+    small = Limits(ns_bytes_max=4, key_bytes_max=300)
+    parse_kv_op({"op": "get", "ns": "abcd", "key": "k" * 300}, 0, small)
+    for raw, code in (({"op": "get", "ns": "abcde", "key": "k"}, "invalid_ns"),
+                      ({"op": "get", "ns": "a", "key": "k" * 301}, "invalid_key")):
+        with pytest.raises(BadRequest) as caught:
+            parse_kv_op(raw, 0, small)
+        assert caught.value.code == code
+
+
+def test_byte_strings_are_values_and_count_in_their_json_form():
+    state = make_state()
+    assert run(state, put("b", b"\x00\xff" * 10))["applied"]
+    assert run(state, {"op": "get", "ns": "app", "key": "b"})["value"] == b"\x00\xff" * 10
+    tight = Limits(value_bytes_max=40)  # 30 bytes are 40 in base64, plus the {"$bytes":...} around them
+    with pytest.raises(BadRequest) as caught:
+        parse_kv_op(put("b", b"x" * 30), 0, tight)
+    assert caught.value.code == "value_too_large"
 
 
 def test_more_operations_than_the_limit_are_rejected_whole():

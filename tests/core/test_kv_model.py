@@ -6,7 +6,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from queen.core.kv import KvState, Limits, VersionCounter, parse_kv_op
+from queen.core import records as rec
+from queen.core.kv import KvState, VersionCounter, parse_kv_op
+from queen.core.limits import Limits
 
 T0 = 1_700_000_000_000
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)  # values a JSON client can send
@@ -119,8 +121,8 @@ class KvModel(RuleBasedStateMachine):
     @invariant()
     def replay_reaches_the_same_rows(self):
         copy = KvState(VersionCounter(), T0)
-        for effect in self.effects:
-            copy.replay(effect)
+        for record in rec.decode(self.effects):
+            copy.replay(record)
         for key in "abcd":
             a = copy.live_row("n", key, self.now_ms)
             b = self.state.live_row("n", key, self.now_ms)

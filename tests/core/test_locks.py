@@ -1,29 +1,55 @@
-"""Locks and semaphores over KV rows, pure: now_ms is passed in."""
+"""Locks and semaphores over KV rows, pure: now_ms is passed in. Everything goes through the one
+entry point, State.apply, as the server does."""
 
 import pytest
 
-from queen.core.kv import LOCKS_NS, Limits, VersionCounter, parse_kv_op
+from queen.core import records as rec
+from queen.core.kv import LOCKS_NS, parse_kv_op
+from queen.core.limits import Limits
 from queen.core.locks import parse_lock_op, parse_lock_ops
-from queen.core.shard import ShardState
-from queen.core.txn import apply_transaction
+from queen.core.state import Abandon, Ops, State, Tick, Transaction
 from queen.errors import BadRequest
 
 T0 = 1_700_000_000_000
+LIMITS = Limits()
 
 
 class Shard:
+    """One shard's state driven step by step; `answered` collects (reply_to, result) of parked
+    acquires answered by later steps, in order."""
+
     def __init__(self):
-        self.state = ShardState(VersionCounter(), T0)
-        self.effects = []
+        self.state = State(1, T0)
+        self.records = []
+        self.answered = []
 
-    def lock(self, now_ms=T0, **raw):
-        return self.state.apply(parse_lock_op(raw, 0), now_ms, self.effects)
+    def step(self, step, now_ms):
+        applied = self.state.apply(step, now_ms)
+        self.records += rec.decode(applied.records)
+        return applied.answers
 
-    def acquire(self, name="job", owner=None, ttl=30, now_ms=T0, **extra):
+    def lock(self, now_ms=T0, reply_to=None, **raw):
+        """The op's own answer, or None if it was parked."""
+        reply_to = reply_to if reply_to is not None else object()
+        own = None
+        for answered_to, _, result in self.step(Ops(0, [(reply_to, 0, parse_lock_op(raw, 0, LIMITS))]), now_ms):
+            if answered_to is reply_to and own is None:
+                own = result
+            else:
+                self.answered.append((answered_to, result))
+        return own
+
+    def tick(self, now_ms):
+        self.answered += [(reply_to, result) for reply_to, _, result in self.step(Tick(), now_ms)]
+
+    def abandon(self, reply_to, now_ms=T0):
+        self.answered += [(to, result) for to, _, result in self.step(Abandon(0, reply_to), now_ms)]
+
+    def acquire(self, name="job", owner=None, ttl=30, now_ms=T0, reply_to=None, **extra):
         raw = {"op": "acquire", "name": name, "ttlSeconds": ttl, **extra}
         if owner is not None:
             raw["owner"] = owner
-        return self.lock(now_ms, **raw)
+        return self.lock(now_ms, reply_to, **raw)
 
     def renew(self, granted, owner=None, ttl=30, now_ms=T0, token=None):
         raw = {"op": "renew", "name": granted["name"], "slot": granted["slot"],
@@ -39,9 +65,9 @@ class Shard:
         return self.lock(now_ms, **raw)
 
     def guard_commits(self, granted_guard, now_ms=T0):
-        ops = [parse_kv_op(granted_guard, 0, Limits(), allow_reserved=True),
-               parse_kv_op({"op": "put", "ns": "app", "key": "work", "value": 1, "ttlSeconds": 60}, 1, Limits())]
-        answer, _ = apply_transaction(ops, [self.state.kv, self.state.kv], now_ms, self.effects)
+        ops = [parse_kv_op(granted_guard, 0, LIMITS, allow_reserved=True),
+               parse_kv_op({"op": "put", "ns": "app", "key": "work", "value": 1, "ttlSeconds": 60}, 1, LIMITS)]
+        [(_, _, answer)] = self.step(Transaction(ops, "txn"), now_ms)
         return answer["success"]
 
 
@@ -67,7 +93,7 @@ def test_acquire_by_the_holding_owner_answers_the_same_permit_with_already():
     first = shard.acquire(owner="a")
     again = shard.acquire(owner="a")
     assert again["already"] is True and again["token"] == first["token"] and again["slot"] == first["slot"]
-    assert len(shard.effects) == 1
+    assert len(shard.records) == 1
 
 
 def test_renew_answers_a_higher_token_same_fence_and_the_old_token_stops_working():
@@ -137,39 +163,56 @@ def test_operation_without_owner_works_but_its_retry_answers_held():
 
 def test_waiters_are_served_first_come_first_served_on_release():
     shard = Shard()
-    locks = shard.state.locks
     holder = shard.acquire(owner="h")
     for i in range(3):
-        waiting = parse_lock_op({"op": "acquire", "name": "job", "ttlSeconds": 5, "owner": f"w{i}", "waitMs": 10_000}, 0)
-        assert shard.state.locks.acquire(waiting, T0, shard.effects)["reason"] == "held"
-        locks.park(waiting, T0, f"ticket-{i}")
+        assert shard.acquire(owner=f"w{i}", ttl=5, waitMs=10_000, reply_to=f"ticket-{i}") is None  # parked
     shard.release(holder, now_ms=T0 + 100)
-    assert [(t, r["owner"]) for t, r, _ in locks.resolved] == [("ticket-0", "w0")]
+    assert [(t, r["owner"]) for t, r in shard.answered] == [("ticket-0", "w0")]
 
 
 def test_waiter_gets_an_expired_permit_on_the_tick_and_late_ones_time_out():
     shard = Shard()
-    locks = shard.state.locks
     shard.acquire(owner="h", ttl=1)
     for i, wait_ms in enumerate((5000, 500)):
-        op = parse_lock_op({"op": "acquire", "name": "job", "ttlSeconds": 5, "owner": f"w{i}", "waitMs": wait_ms}, 0)
-        locks.park(op, T0, i)
-    shard.state.tick(T0 + 600, shard.effects)
-    assert [(t, r["reason"]) for t, r, _ in locks.resolved] == [(1, "timeout")]
-    shard.state.tick(T0 + 1050, shard.effects)
-    assert locks.resolved[-1][0] == 0 and locks.resolved[-1][1]["owner"] == "w0"
+        assert shard.acquire(owner=f"w{i}", ttl=5, waitMs=wait_ms, reply_to=i) is None
+    shard.tick(T0 + 600)
+    assert [(t, r["reason"]) for t, r in shard.answered] == [(1, "timeout")]
+    shard.tick(T0 + 1050)
+    assert shard.answered[-1][0] == 0 and shard.answered[-1][1]["owner"] == "w0"
 
 
 def test_abandoned_waiter_is_answered_cancelled_and_never_served():
     shard = Shard()
-    locks = shard.state.locks
     holder = shard.acquire(owner="h")
-    op = parse_lock_op({"op": "acquire", "name": "job", "ttlSeconds": 5, "owner": "gone", "waitMs": 5000}, 0)
-    locks.park(op, T0, "t")
-    locks.abandon(lambda ticket: ticket == "t", T0)
+    assert shard.acquire(owner="gone", ttl=5, waitMs=5000, reply_to="t") is None
+    shard.abandon("t")
     shard.release(holder)
-    assert [(t, r["reason"]) for t, r, _ in locks.resolved] == [("t", "cancelled")]
+    assert [(t, r["reason"]) for t, r in shard.answered] == [("t", "cancelled")]
     assert shard.lock(op="get", name="job")["holders"] == []
+
+
+def test_a_permit_found_expired_by_a_read_goes_to_the_waiter_in_that_same_step():
+    # No tick runs: the read that finds the permit expired must hand it on, or the waiter would
+    # wait for its own timeout with a free permit in front of it.
+    shard = Shard()
+    shard.acquire(owner="h", ttl=1)
+    assert shard.acquire(owner="w", ttl=5, waitMs=10_000, reply_to="w") is None
+    holders = shard.lock(now_ms=T0 + 1001, op="get", name="job")["holders"]
+    assert [(t, r["owner"]) for t, r in shard.answered] == [("w", "w")]
+    assert [h["owner"] for h in holders] == []  # the read saw the permit free, before the hand-over
+
+
+def test_waiters_of_several_names_freed_by_one_tick_are_served_in_the_order_their_permits_freed():
+    orders = []
+    for names in (["b", "a", "c"], ["c", "b", "a"]):
+        shard = Shard()
+        for i, name in enumerate(names):
+            shard.acquire(name, owner="h", ttl=1 + i)
+            assert shard.acquire(name, owner=f"w-{name}", ttl=5, waitMs=60_000, reply_to=name) is None
+        shard.tick(T0 + 5000)
+        orders.append(([t for t, _ in shard.answered], [r["token"] for _, r in shard.answered]))
+    assert orders[0][0] == ["b", "a", "c"] and orders[1][0] == ["c", "b", "a"]
+    assert orders[0][1] == sorted(orders[0][1])  # tokens handed out in that order
 
 
 @pytest.mark.parametrize("raw, code", [
@@ -185,35 +228,36 @@ def test_abandoned_waiter_is_answered_cancelled_and_never_served():
     ({"op": "acquire", "name": "a", "forever": True}, "invalid_ttl"),
     ({"op": "acquire", "name": "a", "ttlSeconds": 5, "limit": 0}, "invalid_limit"),
     ({"op": "acquire", "name": "a", "ttlSeconds": 5, "limit": 1025}, "invalid_limit"),
-    ({"op": "acquire", "name": "a", "ttlSeconds": 5, "waitMs": 60_001}, "invalid_waitMs"),
+    ({"op": "acquire", "name": "a", "ttlSeconds": 5, "waitMs": 60_001}, "invalid_wait_ms"),
+    ({"op": "acquire", "name": "a", "ttlSeconds": 5, "wait": 100}, "unknown_field"),
+    ({"op": {"x": 1}, "name": "a"}, "unknown_op"),
+    ({"op": "release", "name": "a", "slot": 0, "token": 1, "ttlSeconds": 5}, "unknown_field"),
     ({"op": "renew", "name": "a", "ttlSeconds": 5}, "invalid_operation"),
     ({"op": "steal", "name": "a"}, "unknown_op"),
 ])
 def test_bad_lock_operations_are_rejected_with_a_specific_code(raw, code):
     with pytest.raises(BadRequest) as caught:
-        parse_lock_ops([raw])
+        parse_lock_ops([raw], LIMITS)
     assert caught.value.code == code
 
 
 def test_call_limits_on_count_names_and_slots():
     acquire = {"op": "acquire", "ttlSeconds": 5}
     with pytest.raises(BadRequest, match="at most 64"):
-        parse_lock_ops([{**acquire, "name": f"n{i}"} for i in range(65)])
+        parse_lock_ops([{**acquire, "name": f"n{i}"} for i in range(65)], LIMITS)
     with pytest.raises(BadRequest) as caught:
-        parse_lock_ops([{**acquire, "name": "same"}, {**acquire, "name": "same"}])
+        parse_lock_ops([{**acquire, "name": "same"}, {**acquire, "name": "same"}], LIMITS)
     assert caught.value.code == "duplicate_name"
     with pytest.raises(BadRequest) as caught:
-        parse_lock_ops([{**acquire, "name": f"n{i}", "limit": 1024} for i in range(5)])
+        parse_lock_ops([{**acquire, "name": f"n{i}", "limit": 1024} for i in range(5)], LIMITS)
     assert caught.value.code == "too_many_slots"
-    assert len(parse_lock_ops([{**acquire, "name": f"n{i}", "limit": 1024} for i in range(4)])) == 4
+    assert len(parse_lock_ops([{**acquire, "name": f"n{i}", "limit": 1024} for i in range(4)], LIMITS)) == 4
 
 
 def test_a_permit_that_expired_before_the_tick_goes_to_the_waiter_not_to_a_newcomer():
     shard = Shard()
-    locks = shard.state.locks
     shard.acquire(owner="h", ttl=1)
-    waiting = parse_lock_op({"op": "acquire", "name": "job", "ttlSeconds": 5, "owner": "w", "waitMs": 10_000}, 0)
-    locks.park(waiting, T0, "ticket")
+    assert shard.acquire(owner="w", ttl=5, waitMs=10_000, reply_to="ticket") is None
     newcomer = shard.acquire(owner="n", now_ms=T0 + 1010)  # expired, and no tick has run yet
     assert newcomer["reason"] == "held" and [h["owner"] for h in newcomer["holders"]] == ["w"]
-    assert [(t, r["owner"]) for t, r, _ in locks.resolved] == [("ticket", "w")]
+    assert [(t, r["owner"]) for t, r in shard.answered] == [("ticket", "w")]

@@ -52,15 +52,25 @@ async def write_frames(server, count=FRAMES):
 
 
 def frame_spans(path):
-    """[(start, end)] of every frame in a segment file that is whole and valid."""
+    """[(start, end)] of every frame in a segment file that holds versioned records (the writer's
+    own ceiling frames left out)."""
     with open(path, "rb") as f:
         data = f.read()
     spans, offset = [], FILE_HEADER.size
     while offset < len(data):
-        _, _, end = decode_frame(data, offset)
-        spans.append((offset, end))
+        _, first_version, _, end = decode_frame(data, offset)
+        if first_version:
+            spans.append((offset, end))
         offset = end
     return spans
+
+
+def segments_in(data_dir):
+    return list_dir(os.listdir(data_dir))[0]
+
+
+def snapshots_in(data_dir):
+    return list_dir(os.listdir(data_dir))[1]
 
 
 def segment_path(data_dir, seq):
@@ -103,7 +113,7 @@ CUTS = {
 
 
 @pytest.mark.parametrize("where", list(CUTS))
-async def test_a_torn_last_frame_is_cut_off_with_a_warning_and_every_frame_before_it_kept(
+async def test_a_torn_last_frame_is_cut_off_with_a_warning_kept_in_quarantine_and_every_frame_before_it_kept(
         where, tmp_path, serve, caplog, mock_clock):
     data_dir = tmp_path / "data"
     async with serve(data_dir, shard_count=1) as server:
@@ -113,11 +123,13 @@ async def test_a_torn_last_frame_is_cut_off_with_a_warning_and_every_frame_befor
     assert len(spans) == FRAMES
     start, end = spans[-1]
     os.truncate(path, CUTS[where](start, end))
+    torn = read_bytes(path)[start:]
 
     caplog.set_level(logging.INFO)
     async with serve(data_dir) as server:
-        [warning] = messages(caplog, "wal_tail_truncated")
+        [warning] = messages(caplog, "wal_tail_torn")
         assert path in warning and f"offset={start}" in warning
+        assert read_bytes(f"{path}.cut-{start}") == torn
         rows = await read(server, [f"k{i}" for i in range(FRAMES)] + ["last"])
         for i in range(FRAMES - 1):
             assert (rows[f"k{i}"]["value"], rows[f"k{i}"]["version"]) == (i, versions[i][f"k{i}"])
@@ -129,7 +141,7 @@ async def test_a_torn_last_frame_is_cut_off_with_a_warning_and_every_frame_befor
 
     caplog.clear()
     async with serve(data_dir) as server:
-        assert messages(caplog, "wal_tail_truncated") == []
+        assert messages(caplog, "wal_tail_torn") == []
         assert "truncated_bytes=0 " in messages(caplog, "recovered")[0]
         rows = await read(server, ["k0", f"k{FRAMES - 2}", "last", "after"])
         assert [rows[k]["value"] for k in ("k0", f"k{FRAMES - 2}", "last", "after")] == [0, FRAMES - 2, FRAMES - 2, 1]
@@ -244,12 +256,12 @@ async def test_a_missing_segment_refuses_to_start(missing, tmp_path, serve, mock
     for _ in range(3):
         async with serve(data_dir, shard_count=1) as server:
             await write_frames(server, 2)
-    assert sorted(list_dir(str(data_dir))[0]) == [1, 2, 3]
+    assert sorted(segments_in(data_dir)) == [1, 2, 3]
     os.remove(segment_path(data_dir, missing))
 
     message = await refused(data_dir)
     assert segment_name(missing) in message or segment_name(missing + 1) in message
-    assert sorted(list_dir(str(data_dir))[0]) == [s for s in (1, 2, 3) if s != missing]
+    assert sorted(segments_in(data_dir)) == [s for s in (1, 2, 3) if s != missing]
 
 
 # -- snapshots keep the disk bounded -------------------------------------------------------------
@@ -312,7 +324,7 @@ async def test_snapshots_delete_old_segments_and_a_restart_keeps_latest_values_a
     assert peak_bytes <= bound, f"data dir peaked at {peak_bytes} bytes"
     assert dir_bytes(data_dir) <= bound
     assert wal_bytes_written >= 10 * bound, "the test must write far more than the bound to mean anything"
-    segments, snapshots = list_dir(str(data_dir))
+    segments, snapshots = segments_in(data_dir), snapshots_in(data_dir)
     assert len(snapshots) == 1
     assert min(segments) > 1
 

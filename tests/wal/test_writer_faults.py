@@ -1,5 +1,5 @@
 """A disk that fails under the writer: nothing that was not fsynced is acknowledged, and the server
-refuses writes from then on instead of pretending (DESIGN.md §1 principle 3, STYLE.md Errors).
+refuses writes from then on instead of pretending.
 
 A real in-process Server, driven over HTTP by blocking http.client calls in worker threads, with a
 FaultyDisk that is armed after a few good commits so that the very next write or fsync fails.
@@ -13,9 +13,9 @@ from functools import partial
 import pytest
 import trio
 
+from queen.core import records as rec
 from queen.testing import FaultyDisk
 from queen.wal.frame import FILE_HEADER, FrameError, decode_frame
-from queen.wal.recovery import effect_version
 
 
 class RecordingDisk(FaultyDisk):
@@ -26,8 +26,8 @@ class RecordingDisk(FaultyDisk):
         self.paths = {}
         self.synced_bytes = {}
 
-    def open_append(self, path):
-        fd = super().open_append(path)
+    def create(self, path):
+        fd = super().create(path)
         self.paths[fd] = path
         return fd
 
@@ -43,10 +43,10 @@ class RecordingDisk(FaultyDisk):
             offset = FILE_HEADER.size
             while offset < len(data):
                 try:
-                    records, _, offset = decode_frame(data, offset)
+                    items, _, _, offset = decode_frame(data, offset)
                 except FrameError:
                     break
-                versions.update(effect_version(record) for record in records)
+                versions.update(rec.version_of(record) for record in rec.decode(items))
         return versions
 
 

@@ -1,0 +1,156 @@
+"""The whole server state, and the one entry point that changes it: `State.apply(step, now_ms)`.
+
+Every state change is a step applied here, synchronously: an actor's batch of operations on its
+shard, a transaction across shards, a tick of the timing wheels, the abandoning of a hung-up
+client's parked requests. A step returns what it answered (its own operations' results and every
+parked request it resolved, which the caller delivers at once), the records it produced (one
+submit, so one frame) and the versions those took. Nothing else mutates the shard states, and
+nothing awaits while a step is half applied: on one thread that makes every step atomic.
+
+Placement: a row's shard is a stable hash of (ns, key); for lock rows (`queen-locks / name#slot`)
+only the name counts, so every slot of one lock lives on one shard.
+
+Pure: no trio, no clock reads, no I/O. `reply_to` values are opaque here.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from queen.core.kv import LOCKS_NS, KvOp, VersionCounter, snapshot_records
+from queen.core.shard import ShardState
+from queen.core.txn import apply_transaction
+
+_ns_seeds: dict[str, int] = {}
+_NS_SEEDS_MAX = 4096  # namespaces are few; past this, hash without the cache rather than grow it
+
+
+def shard_of(ns: str, key: str, shard_count: int) -> int:
+    """crc32 of ns, NUL, key: stable across runs, and cheap with the namespace's part computed once."""
+    if ns == LOCKS_NS:
+        key = key.partition("#")[0]
+    seed = _ns_seeds.get(ns)
+    if seed is None:
+        seed = zlib.crc32(ns.encode() + b"\x00")
+        if len(_ns_seeds) < _NS_SEEDS_MAX:
+            _ns_seeds[ns] = seed
+    return zlib.crc32(key.encode(), seed) % shard_count
+
+
+# -- steps --------------------------------------------------------------------------------------------
+
+class Ops:
+    """Operations on one shard, applied in order: items are (reply_to, position, op)."""
+
+    __slots__ = ("shard", "items")
+
+    def __init__(self, shard: int, items: list):
+        self.shard = shard
+        self.items = items
+
+
+class Transaction:
+    """KV operations on any shards, all or nothing; answered as (reply_to, 0, answer)."""
+
+    __slots__ = ("ops", "reply_to")
+
+    def __init__(self, ops: list[KvOp], reply_to):
+        self.ops = ops
+        self.reply_to = reply_to
+
+
+class Tick:
+    """Time has reached now_ms: free what expired, hand freed permits on, time out waits."""
+
+    __slots__ = ()
+
+
+class Abandon:
+    """The client behind reply_to is gone: answer its parked requests on this shard now."""
+
+    __slots__ = ("shard", "reply_to")
+
+    def __init__(self, shard: int, reply_to):
+        self.shard = shard
+        self.reply_to = reply_to
+
+
+class Applied:
+    """What a step did: answers [(reply_to, position, result)], records (a flat list for the WAL)
+    and the versions they took (0, 0 when none)."""
+
+    __slots__ = ("answers", "records", "first_version", "last_version")
+
+    def __init__(self, answers: list, records: list, first_version: int, last_version: int):
+        self.answers = answers
+        self.records = records
+        self.first_version = first_version
+        self.last_version = last_version
+
+
+class State:
+    def __init__(self, shard_count: int, now_ms: int, versions: VersionCounter | None = None):
+        self.versions = versions or VersionCounter()
+        self.shards = [ShardState(self.versions, now_ms) for _ in range(shard_count)]
+        self.shard_count = shard_count
+
+    def apply(self, step, now_ms: int) -> Applied:
+        before = self.versions.last
+        records: list = []
+        answers: list = []
+        kind = type(step)
+        if kind is Ops:
+            shard = self.shards[step.shard]
+            apply = shard.apply
+            for reply_to, position, op in step.items:
+                result = apply(op, now_ms, records, reply_to, position)
+                if result is not None:
+                    answers.append((reply_to, position, result))
+            touched = (shard,)
+        elif kind is Transaction:
+            count = self.shard_count
+            touched = [self.shards[shard_of(op.ns, op.key, count)] for op in step.ops]
+            answer = apply_transaction(step.ops, [shard.kv for shard in touched], now_ms, records)
+            answers.append((step.reply_to, 0, answer))
+        elif kind is Tick:
+            touched = self.shards
+            for shard in touched:
+                shard.locks.tick(now_ms, records)
+        elif kind is Abandon:
+            touched = (self.shards[step.shard],)
+            touched[0].locks.abandon(step.reply_to)
+        else:
+            raise TypeError(f"not a step: {step!r}")
+        for shard in touched:
+            locks = shard.locks
+            locks.after_step(now_ms, records)  # a permit found expired by any read goes on at once
+            if locks.resolved:
+                answers += locks.resolved
+                locks.resolved = []
+        last = self.versions.last
+        if last == before:
+            return Applied(answers, records, 0, 0)
+        return Applied(answers, records, before + 1, last)
+
+    # -- recovery and snapshots -------------------------------------------------------------------
+
+    def replay(self, record) -> None:
+        """Re-apply one typed record from the WAL or a snapshot."""
+        self.shards[shard_of(record.ns, record.key, self.shard_count)].kv.replay(record)
+
+    def snapshot_capture(self):
+        """Copies of every shard's state, cheap to take at a batch edge; the function returned turns
+        them into the snapshot's sections (run it off the event loop)."""
+        copies = [shard.kv.snapshot_copy() for shard in self.shards]
+
+        def sections() -> dict[str, list]:
+            kv: list = []
+            for shard_copies in copies:
+                snapshot_records(shard_copies, kv)
+            return {"kv": kv}
+
+        return sections
+
+    def row_count(self) -> int:
+        return sum(shard.kv.row_count() for shard in self.shards)
+
