@@ -52,10 +52,13 @@ class ServerProcess:
     Stopped only by its own pid. `kill()` is SIGKILL (a crash); `stop()` is SIGTERM (a clean exit).
     """
 
-    def __init__(self, data_dir: str, *extra_args: str, env: dict | None = None):
+    def __init__(self, data_dir: str, *extra_args: str, env: dict | None = None, open_files_max: int | None = None):
+        """open_files_max: run the server under this open-file limit (soft and hard), as a host
+        with a tight `ulimit -n` would."""
         self.data_dir = data_dir
         self.extra_args = list(extra_args)
         self.env = env
+        self.open_files_max = open_files_max
         self.process: subprocess.Popen | None = None
         self.port: int | None = None
         self.stderr_path = os.path.join(os.path.dirname(os.path.abspath(data_dir)), os.path.basename(data_dir) + ".log")
@@ -68,7 +71,7 @@ class ServerProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "queen", "serve", "--host", "127.0.0.1", "--port", "0",
              "--data-dir", self.data_dir, *self.extra_args],
-            stdout=subprocess.DEVNULL, stderr=self._log, env=env)
+            stdout=subprocess.DEVNULL, stderr=self._log, env=env, preexec_fn=self._limit_open_files)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with open(self.stderr_path, "rb") as f:
@@ -83,6 +86,12 @@ class ServerProcess:
             time.sleep(0.02)  # waiting on a real process to come up, not on time to pass
         self.kill()
         raise RuntimeError(f"queen serve did not start within {timeout_s} s")
+
+    def _limit_open_files(self) -> None:
+        if self.open_files_max is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files_max, self.open_files_max))
 
     @property
     def url(self) -> str:

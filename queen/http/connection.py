@@ -1,27 +1,46 @@
-"""HTTP/1.1 connections on h11: the socket task around h11's sans-I/O protocol object.
+"""HTTP/1.1 connections: non-blocking sockets driven through trio's low-level waits, h11 for every
+request shape but the plain one, and the limits that keep one client from hurting the others.
 
-Owns: reading one request at a time within its limits (head size, body size, time to arrive, idle
-time between requests), handing it to the app, writing the response, keep-alive, and the count of
-open connections and requests in flight that shutdown waits on.
+Owns: accepting connections within the open-file budget, reading one request at a time within its
+limits (head size, body size, time to arrive, idle time between requests, time for the client to
+take its answer), handing it to the app, writing the response, keep-alive, and the counts that
+shutdown waits on.
 
-Malformed HTTP answers 400 (or 413/431/408) and closes the connection; it never reaches the app
-and never takes the server down.
+- No input ends the process. Malformed HTTP answers 400 (or 413/431/408) and closes the
+  connection; a handler that fails answers 500 for that request alone and is logged with its
+  traceback; a failure in this layer itself closes that one connection, logged the same way.
+- Descriptors: at start the open-file limit is raised as far as allowed and the connection limit
+  lowered to fit under it with FD_RESERVE to spare, so connections can never starve the log or
+  the snapshots of descriptors. At the limit a new connection takes the place of the
+  longest-idle keep-alive connection; with none idle it is answered 503 and closed (at most
+  REFUSING_MAX of those at once; past that it is closed at once).
+- Deadlines are kept by one reaper task that looks at every connection every REAPER_INTERVAL_S,
+  rather than a cancel scope per read and write: a connection idle past idle_timeout_s is closed,
+  a request that does not arrive whole within request_read_timeout_s is answered 408, and an
+  answer the client does not take within send_timeout_s ends the connection.
+
+Sockets: each connection is a plain non-blocking socket; a read waits with trio.lowlevel's
+wait_readable and then takes what is there in one recv, a write sends at once and waits for
+writability only when the kernel's buffer is full. trio's stream wrappers cost about as much
+again per request (bench/README.md, "HTTP layer").
 
 Requests: a whole request of the plain shape nearly every client sends (one read, CRLF, ASCII
 headers, a Content-Length body) is parsed by `parse_simple_request`, a strict subset of what h11
-accepts that yields the same request; h11 parsed such a request in ~65 µs, the largest single cost
-of a one-operation call (bench/README.md). Everything else (a request split across reads, chunked
-bodies, 100-continue, obsolete syntax, anything malformed) goes to h11, which also decides every
-error. Responses are written here as bytes: ours are a status line and a few headers the server
-itself chose, and h11's validation of them cost as much again. Without h11 knowing about the
-response its state machine cannot start a next cycle, so a request h11 reads gets a fresh
-h11.Connection (about 3 µs), seeded with whatever the client already sent.
+accepts that yields the same request; h11 costs several times more per request. Everything else (a
+request split across reads, chunked bodies, 100-continue, obsolete syntax, anything malformed)
+goes to h11, which also decides every error. Responses are written here as bytes: ours are a status
+line and a few headers the server itself chose. Without h11 knowing about the response its state
+machine cannot start a next cycle, so a request h11 reads gets a fresh h11.Connection, seeded with
+whatever the client already sent.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
+import resource
+import socket
 from functools import partial
 from http import HTTPStatus
 
@@ -38,9 +57,19 @@ RECEIVE_BYTES = 65536
 # After an error answer, how long and how much of the rest of a request is read and dropped.
 LINGER_S = 2.0
 LINGER_BYTES_MAX = 16 << 20
-
+# Descriptors kept back from connections: listeners, the event loop's own, the WAL segment (two
+# while one is cut), a snapshot being written and its directory, the log files, the refusals in
+# flight, and room for the unexpected.
+FD_RESERVE = 64
+REFUSING_MAX = 16
+REAPER_INTERVAL_S = 0.25
+LISTEN_BACKLOG = 1024
 
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
+_NEVER = float("inf")
+
+# What a connection is doing, for the reaper: what its deadline means.
+IDLE, READING, HANDLING, WRITING = range(4)
 
 
 class Request:
@@ -68,12 +97,17 @@ class Response:
 
 
 class _Reject(Exception):
-    """A request broke an HTTP-level limit: answer `status` with the error envelope and close."""
+    """A request broke an HTTP-level rule: answer `status` with the error envelope and close."""
 
     def __init__(self, status: int, code: str, message: str):
         super().__init__(message)
         self.status = status
         self.error = QueenError(code, message)
+
+
+_INTERNAL = QueenError("internal", "the server failed to handle this request; see its log", http_status=500)
+# The last resort when even an error answer cannot be built: fixed bytes.
+_INTERNAL_BODY = b'{"error":{"code":"internal","message":"the server failed to handle this request; see its log","details":{}}}'
 
 
 def error_response(error: QueenError, wants_cbor: bool = False) -> Response:
@@ -86,115 +120,283 @@ def error_response(error: QueenError, wants_cbor: bool = False) -> Response:
     return Response(error.http_status, body, content_type, headers)
 
 
+def connection_budget(connections_max: int) -> int:
+    """Raise the soft open-file limit toward connections_max + FD_RESERVE where the hard limit
+    allows, and return how many connections fit under it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections_max + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if raised > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+                soft = raised
+            except (ValueError, OSError):
+                pass
+    if soft == resource.RLIM_INFINITY:
+        return connections_max
+    budget = min(connections_max, soft - FD_RESERVE)
+    if budget < connections_max:
+        logger.warning("event=connections_capped connections_max=%d allowed=%d open_files_limit=%d reserve=%d "
+                       "hint='raise the open-file limit (ulimit -n, LimitNOFILE=) to allow more'",
+                       connections_max, max(budget, 1), soft, FD_RESERVE)
+    return max(budget, 1)
+
+
+def open_listeners(host: str, port: int) -> list[socket.socket]:
+    """Non-blocking listening sockets for every address host resolves to; port 0 takes one free
+    port for all of them."""
+    listeners = []
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                                 flags=socket.AI_PASSIVE):
+            sock = socket.socket(family, kind, proto)
+            listeners.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(listeners) > 1:
+                address = (address[0], listeners[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in listeners:
+            sock.close()
+        raise
+    return listeners
+
+
+class _Connection:
+    """One accepted connection, as the reaper and the idle list see it."""
+
+    __slots__ = ("sock", "scope", "phase", "deadline", "evicted")
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.scope = trio.CancelScope()
+        self.phase = IDLE
+        self.deadline = _NEVER
+        self.evicted = False  # closed to make room; no longer counted in `connections`
+
+
 class HttpServer:
-    def __init__(self, app, config: Config):
+    def __init__(self, app, config: Config, connections_allowed: int | None = None):
         self.app = app
         self.config = config
+        self.connections_allowed = connections_allowed or config.connections_max
         self.connections = 0
         self.requests_in_flight = 0
         self.requests_total = 0
+        self.connections_refused = 0
+        self.idle_closed = 0
+        self.timeouts = 0
         self.draining = False
-        self._idle = trio.Event()
+        self._idle_event = trio.Event()
+        self._open: set[_Connection] = set()
+        self._idle: dict[_Connection, None] = {}  # idle keep-alive connections, longest idle first
+        self._refusing = 0
+        self._sockets = 0  # accepted and not yet closed: served, refused or being closed
+        self._socket_closed = trio.lowlevel.ParkingLot()
 
     async def wait_no_requests(self) -> None:
         while self.requests_in_flight:
-            self._idle = trio.Event()
-            await self._idle.wait()
+            self._idle_event = trio.Event()
+            await self._idle_event.wait()
 
-    async def serve_connection(self, stream: trio.SocketStream) -> None:
-        self.connections += 1
-        try:
-            if self.connections > self.config.connections_max:
-                await self._refuse(stream)
-                return
-            await self._serve(stream)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the client went away mid-write; nothing to answer
-        finally:
+    # -- accepting ------------------------------------------------------------------------------------
+
+    async def serve(self, listeners: list[socket.socket], connections: trio.Nursery) -> None:
+        """Accept on every listener until cancelled; connection tasks run in `connections`, with
+        the reaper."""
+        connections.start_soon(self._reap)
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(self._accept, listener, connections)
+
+    async def _accept(self, listener: socket.socket, connections: trio.Nursery) -> None:
+        while True:
+            if self._sockets >= self.connections_allowed + REFUSING_MAX:
+                # Every descriptor we may spend is in use: make room by closing the longest-idle
+                # connection (or wait for one to end), and take nothing from the backlog meanwhile.
+                self._close_longest_idle()
+                await self._socket_closed.park()
+                continue
+            await trio.lowlevel.wait_readable(listener)
+            try:
+                sock, _ = listener.accept()
+            except BlockingIOError:
+                continue
+            except OSError as error:
+                if error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # Not within our own budget: something else holds descriptors. Leave the
+                    # connection in the backlog for a moment rather than spin.
+                    logger.warning("event=accept_failed error=%r action=retrying_in_100ms", str(error))
+                    await trio.sleep(0.1)
+                continue  # otherwise the client gave up before we took it (ECONNABORTED and the like)
+            self._sockets += 1
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.connections >= self.connections_allowed and not self._close_longest_idle():
+                self._refuse(sock, connections)
+                continue
+            self.connections += 1
+            connections.start_soon(self._serve_connection, sock)
+
+    def _close_longest_idle(self) -> bool:
+        """Make room for a new connection by closing the keep-alive connection idle longest."""
+        for connection in self._idle:
+            del self._idle[connection]
+            connection.evicted = True
+            connection.scope.cancel()
             self.connections -= 1
-            await stream.aclose()
+            self.idle_closed += 1
+            return True
+        return False
 
-    async def _refuse(self, stream) -> None:
-        response = error_response(QueenError("too_many_connections", "the server is at its connection limit", http_status=503))
-        with trio.move_on_after(LINGER_S):
-            await stream.send_all(encode_response(response, keep_alive=False))
-        await _linger(stream)
+    def _closed(self, sock: socket.socket) -> None:
+        sock.close()
+        self._sockets -= 1
+        self._socket_closed.unpark_all()
 
-    async def _serve(self, stream) -> None:
+    def _refuse(self, sock: socket.socket, connections: trio.Nursery) -> None:
+        self.connections_refused += 1
+        if self._refusing >= REFUSING_MAX:
+            self._closed(sock)  # a flood: no descriptor is spent on answering it
+            return
+        self._refusing += 1
+        connections.start_soon(self._answer_refused, sock)
+
+    async def _answer_refused(self, sock: socket.socket) -> None:
+        try:
+            response = error_response(QueenError(
+                "too_many_connections", f"the server is at its limit of {self.connections_allowed} connections "
+                "and none is idle; try again shortly", http_status=503))
+            with trio.move_on_after(LINGER_S):
+                await _send_all(sock, encode_response(response, keep_alive=False))
+                await _linger(sock)
+        except OSError:
+            pass
+        finally:
+            self._refusing -= 1
+            self._closed(sock)
+
+    # -- deadlines ------------------------------------------------------------------------------------
+
+    async def _reap(self) -> None:
+        while True:
+            await trio.sleep(REAPER_INTERVAL_S)
+            now = trio.current_time()
+            for connection in self._open:
+                if connection.deadline <= now:
+                    connection.deadline = _NEVER
+                    if connection.phase != IDLE:
+                        self.timeouts += 1
+                    connection.scope.cancel()
+
+    # -- one connection ------------------------------------------------------------------------------
+
+    async def _serve_connection(self, sock: socket.socket) -> None:
+        connection = _Connection(sock)
+        self._open.add(connection)
+        try:
+            with connection.scope:
+                await self._serve(connection)
+            if connection.scope.cancelled_caught and connection.phase == READING:
+                await self._send_error_and_close(connection, 408, QueenError(
+                    "request_timeout", f"the request did not arrive whole within {self.config.request_read_timeout_s} s"))
+        except OSError:
+            pass  # the client went away (reset, broken pipe): nothing to answer
+        except Exception:
+            logger.exception("event=connection_failed action=closed")
+        finally:
+            self._open.discard(connection)
+            self._idle.pop(connection, None)
+            if not connection.evicted:
+                self.connections -= 1
+            self._closed(sock)
+
+    async def _serve(self, connection: _Connection) -> None:
         config = self.config
-        # One timer for the connection's life: its deadline is set while waiting for a request and
-        # lifted while handling it, cheaper than a cancel scope per read.
-        timer = trio.CancelScope()
-        reading = False  # a request has started to arrive: the timer's expiry answers 408
+        sock = connection.sock
+        idle = self._idle
         pending = b""
-        with timer:
-            while True:
-                reading = False
+        while True:
+            if not pending:
+                connection.phase = IDLE
+                connection.deadline = trio.current_time() + config.idle_timeout_s
+                idle[connection] = None
+                pending = await _receive(sock)
+                idle.pop(connection, None)
                 if not pending:
-                    timer.deadline = trio.current_time() + config.idle_timeout_s
-                    pending = await stream.receive_some(RECEIVE_BYTES)
-                    timer.deadline = _NEVER
-                    if not pending:
-                        return
+                    return
+            try:
                 simple = parse_simple_request(pending, config)
-                if simple is not None:
-                    request, rest = simple
-                    buffer = _Buffer(rest)
-                else:
-                    buffer = conn = h11.Connection(h11.SERVER, max_incomplete_event_size=config.header_bytes_max)
-                    conn.receive_data(pending)
-                    reading = True
-                    try:
-                        request = await self._read_request(conn, stream, timer)
-                    except _Reject as reject:
-                        await self._send_error_and_close(stream, reject.status, reject.error)
-                        return
-                    except h11.RemoteProtocolError as error:
-                        status = error.error_status_hint if error.error_status_hint in (400, 413, 431) else 400
-                        await self._send_error_and_close(stream, status, QueenError("bad_http", f"malformed HTTP request: {error}"))
-                        return
-                    if request is None:
-                        return
-                request.wait_gone = partial(_wait_gone, buffer, stream)
-                self.requests_in_flight += 1
-                self.requests_total += 1
+            except _Reject as reject:
+                await self._send_error_and_close(connection, reject.status, reject.error)
+                return
+            if simple is not None:
+                request, rest = simple
+                buffer = _Buffer(rest)
+            else:
+                connection.phase = READING
+                connection.deadline = trio.current_time() + config.request_read_timeout_s
+                buffer = h11_conn = h11.Connection(h11.SERVER, max_incomplete_event_size=config.header_bytes_max)
+                h11_conn.receive_data(pending)
                 try:
-                    response = await self._handle(request)
-                finally:
-                    self.requests_in_flight -= 1
-                    if not self.requests_in_flight:
-                        self._idle.set()
-                keep_alive = request.keep_alive and not self.draining
-                if request.method == b"HEAD":
-                    response.body = b""
-                await stream.send_all(encode_response(response, keep_alive))
-                if not keep_alive:
+                    request = await self._read_request(h11_conn, sock)
+                except _Reject as reject:
+                    await self._send_error_and_close(connection, reject.status, reject.error)
                     return
-                pending, closed = buffer.trailing_data
-                if closed and not pending:
+                except h11.RemoteProtocolError as error:
+                    status = error.error_status_hint if error.error_status_hint in (400, 413, 431) else 400
+                    await self._send_error_and_close(connection, status, QueenError("bad_http", f"malformed HTTP request: {error}"))
                     return
-        if timer.cancelled_caught and reading:
-            await self._send_error_and_close(stream, 408, QueenError(
-                "request_timeout", f"the request did not arrive within {config.request_read_timeout_s} s"))
+                if request is None:
+                    return
+            connection.phase = HANDLING
+            connection.deadline = _NEVER
+            request.wait_gone = partial(_wait_gone, buffer, sock)
+            self.requests_in_flight += 1
+            self.requests_total += 1
+            try:
+                response = await self._handle(request)
+            finally:
+                self.requests_in_flight -= 1
+                if not self.requests_in_flight:
+                    self._idle_event.set()
+            keep_alive = request.keep_alive and not self.draining
+            if request.method == b"HEAD":
+                response.body = b""
+            connection.phase = WRITING
+            connection.deadline = trio.current_time() + config.send_timeout_s
+            await _send_all(sock, encode_response(response, keep_alive))
+            if not keep_alive:
+                return
+            pending, closed = buffer.trailing_data
+            if closed and not pending:
+                return
 
     async def _handle(self, request: Request) -> Response:
         wants_cbor = request.accept.startswith(b"application/cbor")
         try:
             return await self.app.handle(request)
         except QueenError as error:
-            return error_response(error, wants_cbor)
+            try:
+                return error_response(error, wants_cbor)
+            except Exception:
+                logger.exception("event=error_answer_failed code=%s", error.code)
+                return Response(500, _INTERNAL_BODY, b"application/json")
         except Exception:
             # Logged with its traceback and answered, not hidden: a bug in one route must not
             # drop every other client's connection.
-            logger.exception("event=handler_failed method=%s target=%r", request.method.decode(), request.target[:200])
-            return error_response(QueenError("internal", "the server failed to handle this request; see its log", http_status=500), wants_cbor)
+            logger.exception("event=handler_failed method=%r target=%r", request.method[:16], request.target[:200])
+            return error_response(_INTERNAL, wants_cbor)
 
-    async def _read_request(self, conn: h11.Connection, stream, timer: trio.CancelScope) -> Request | None:
+    async def _read_request(self, conn: h11.Connection, sock: socket.socket) -> Request | None:
         """The rest of a request that has started to arrive (conn holds its first bytes), or None
-        if the client closed. It must finish within request_read_timeout_s; the timer's expiry is
-        handled by _serve (408)."""
+        if the client closed. The reaper answers 408 if it takes longer than allowed."""
         config = self.config
-        deadline = trio.current_time() + config.request_read_timeout_s
         head = None
         body_parts = []
         body_bytes = 0
@@ -203,12 +405,9 @@ class HttpServer:
             event = conn.next_event()
             if event is h11.NEED_DATA:
                 if conn.they_are_waiting_for_100_continue and not continue_sent:
-                    await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    await _send_all(sock, b"HTTP/1.1 100 Continue\r\n\r\n")
                     continue_sent = True
-                timer.deadline = deadline
-                data = await stream.receive_some(RECEIVE_BYTES)
-                timer.deadline = _NEVER
-                conn.receive_data(data)
+                conn.receive_data(await _receive(sock))
                 continue
             kind = type(event)
             if kind is h11.Data:
@@ -220,19 +419,46 @@ class HttpServer:
                 head = _Head(event, config)
             elif kind is h11.EndOfMessage:
                 body = body_parts[0] if len(body_parts) == 1 else b"".join(body_parts)
-                return Request(head.method, head.target, head.content_type, head.accept, body, head.keep_alive)
+                return Request(head.method, head.target, head.content_type, head.accept, bytes(body), head.keep_alive)
             elif kind is h11.ConnectionClosed:
                 return None
 
-    async def _send_error_and_close(self, stream, status: int, error: QueenError) -> None:
+    async def _send_error_and_close(self, connection: _Connection, status: int, error: QueenError) -> None:
+        connection.deadline = _NEVER
+        connection.phase = WRITING
         error.http_status = status
         with trio.move_on_after(LINGER_S):
-            await stream.send_all(encode_response(error_response(error), keep_alive=False))
-        if status != 408:  # a stalled client is not sending anything worth waiting for
-            await _linger(stream)
+            await _send_all(connection.sock, encode_response(error_response(error), keep_alive=False))
+            if status != 408:  # a stalled client is not sending anything worth waiting for
+                await _linger(connection.sock)
 
 
-_NEVER = float("inf")
+async def _receive(sock: socket.socket) -> bytes:
+    """What the client sent next (b"" when it closed its side)."""
+    while True:
+        await trio.lowlevel.wait_readable(sock)
+        try:
+            return sock.recv(RECEIVE_BYTES)
+        except BlockingIOError:
+            continue  # woken without data after all
+
+
+async def _send_all(sock: socket.socket, data: bytes) -> None:
+    """Send everything, waiting for room only when the kernel's buffer is full."""
+    try:
+        sent = sock.send(data)
+    except BlockingIOError:
+        sent = 0
+    if sent == len(data):
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return
+    view = memoryview(data)[sent:]
+    while view:
+        await trio.lowlevel.wait_writable(sock)
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            continue
 
 
 class _Buffer:
@@ -262,11 +488,12 @@ def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] |
     """The request at the start of `data` and the bytes after it, when it is whole and of the plain
     shape nearly every client sends; None for anything else, which then goes through h11.
 
-    h11 costs about 65 µs to parse a small POST, most of a one-operation request's budget
-    (bench/README.md). What this accepts is a strict subset of what h11 accepts, and yields the same
-    request (tests/http/test_simple_parse.py checks that against h11): ASCII header values, CRLF
-    line ends, no line folding, exactly one Host, at most one all-digit Content-Length, no
+    What this accepts is a strict subset of what h11 accepts, and yields the same request
+    (tests/http/test_simple_parse.py checks that against h11): ASCII header values, CRLF line ends,
+    no line folding, exactly one Host, at most one Content-Length of at most 19 digits, no
     Transfer-Encoding, no Expect, the whole body present, and head and body within the limits.
+    A request with both Content-Length and Transfer-Encoding raises _Reject (400): the two could
+    frame the body differently for us and for a proxy in front of us (RFC 9112 section 6.1).
     """
     end = data.find(b"\r\n\r\n", 0, config.header_bytes_max)
     if end < 0:
@@ -278,6 +505,8 @@ def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] |
     content_type = accept = b""
     length = 0
     hosts = lengths = 0
+    plain = True
+    chunked = False
     keep_alive = minor == b"1"
     for line in fields.split(b"\r\n")[:-1]:
         name, _, value = line.partition(b":")
@@ -286,8 +515,9 @@ def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] |
             hosts += 1
         elif name == b"content-length":
             value = value.strip(b" \t")
-            if not value.isdigit():
-                return None
+            if not value.isdigit() or len(value) > 19:
+                plain = False  # h11 answers it (400)
+                continue
             length = int(value)
             lengths += 1
         elif name == b"content-type":
@@ -297,9 +527,15 @@ def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] |
         elif name == b"connection":
             if b"close" in value.lower():
                 keep_alive = False
-        elif name == b"transfer-encoding" or name == b"expect":
-            return None
-    if hosts != 1 or lengths > 1 or length > config.body_bytes_max:
+        elif name == b"transfer-encoding":
+            chunked = True
+        elif name == b"expect":
+            plain = False
+    if chunked:
+        if lengths:
+            raise _Reject(400, "bad_http", _BOTH_FRAMINGS)
+        return None
+    if not plain or hosts != 1 or lengths > 1 or length > config.body_bytes_max:
         return None
     start = end + 4
     stop = start + length
@@ -321,11 +557,15 @@ class _Head:
         # h11 bounds only a head still incomplete in its buffer; one that arrived whole in a single
         # read is measured here.
         head_bytes = len(event.method) + len(event.target)
+        framings = 0
         for name, value in event.headers:
             head_bytes += len(name) + len(value) + 4
             if name == b"content-type":
                 self.content_type = value.lower()
+            elif name == b"transfer-encoding":
+                framings |= 1
             elif name == b"content-length":
+                framings |= 2
                 if int(value) > config.body_bytes_max:
                     raise _Reject(413, "body_too_large", f"the body is {int(value)} bytes; the limit is {config.body_bytes_max}")
             elif name == b"accept":
@@ -334,7 +574,13 @@ class _Head:
                 keep_alive = b"close" not in value.lower() and keep_alive
         if head_bytes > config.header_bytes_max:
             raise _Reject(431, "head_too_large", f"the request head is over the limit of {config.header_bytes_max} bytes")
+        if framings == 3:
+            raise _Reject(400, "bad_http", _BOTH_FRAMINGS)
         self.keep_alive = keep_alive
+
+
+_BOTH_FRAMINGS = ("the request has both Content-Length and Transfer-Encoding; send one (RFC 9112 section 6.1 "
+                  "allows closing such a connection, and we do)")
 
 
 def encode_response(response: Response, keep_alive: bool) -> bytes:
@@ -348,13 +594,16 @@ def encode_response(response: Response, keep_alive: bool) -> bytes:
     return head + b"\r\n" + body
 
 
-async def _wait_gone(buffer: h11.Connection | _Buffer, stream) -> None:
+async def _wait_gone(buffer: h11.Connection | _Buffer, sock: socket.socket) -> None:
     """Return when the client closes its side while its request is being handled. Bytes it sends
     meanwhile (a pipelined request) are kept in `buffer` for the next request; past a bound we
     stop watching."""
     buffered = 0
     while buffered < RECEIVE_BYTES:
-        data = await stream.receive_some(RECEIVE_BYTES)
+        try:
+            data = await _receive(sock)
+        except OSError:
+            return
         if not data:
             return
         buffer.receive_data(data)
@@ -362,14 +611,17 @@ async def _wait_gone(buffer: h11.Connection | _Buffer, stream) -> None:
     await trio.sleep_forever()
 
 
-async def _linger(stream) -> None:
+async def _linger(sock: socket.socket) -> None:
     """Read and drop what the client is still sending (for a while, up to a bound) before closing.
-    Closing a socket with unread input sends a reset, and the client would lose our answer."""
+    Closing a socket with unread input sends a reset, and the client would lose our answer. The
+    caller bounds the time."""
+    try:
+        sock.shutdown(socket.SHUT_WR)  # the answer is whole: the client sees the end now
+    except OSError:
+        return
     dropped = 0
-    with trio.move_on_after(LINGER_S):
-        await stream.send_eof()  # the answer is whole: the client sees the end now, not after the linger
-        while dropped < LINGER_BYTES_MAX:
-            data = await stream.receive_some(RECEIVE_BYTES)
-            if not data:
-                return
-            dropped += len(data)
+    while dropped < LINGER_BYTES_MAX:
+        data = await _receive(sock)
+        if not data:
+            return
+        dropped += len(data)

@@ -12,7 +12,6 @@ import fcntl
 import logging
 import os
 import time
-from functools import partial
 
 import trio
 
@@ -20,7 +19,7 @@ from queen.clock import Clock
 from queen.config import Config
 from queen.core.state import State
 from queen.core.wheel import TICK_MS
-from queen.http.connection import HttpServer
+from queen.http.connection import HttpServer, connection_budget, open_listeners
 from queen.http.routes import Api
 from queen.runtime.router import Router, tick_forever
 from queen.runtime.shard_actor import ShardActor
@@ -102,7 +101,8 @@ class Server:
         steps = StepRunner(state, writer, clock)
         actors = [ShardActor(i, steps) for i in range(count)]
         router = self.router = Router(actors, steps)
-        http = self.http = HttpServer(Api(router, config.limits(), metrics=self.metrics_text), config)
+        http = self.http = HttpServer(Api(router, config.limits(), metrics=self.metrics_text), config,
+                                      connections_allowed=connection_budget(config.connections_max))
 
         writer_done = trio.Event()
 
@@ -117,20 +117,22 @@ class Server:
             for actor in actors:
                 core.start_soon(actor.run)
             core.start_soon(tick_forever, steps, TICK_MS)
-            listeners = await trio.open_tcp_listeners(config.port, host=config.host)
-            self.port = listeners[0].socket.getsockname()[1]
+            listeners = open_listeners(config.host, config.port)
+            self.port = listeners[0].getsockname()[1]
             async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as accept:
-                    accept.start_soon(partial(trio.serve_listeners, http.serve_connection, listeners,
-                                              handler_nursery=connections))
-                    logger.info("event=listening host=%s port=%d data_dir=%s shards=%d",
-                                config.host, self.port, os.path.abspath(config.data_dir), count)
+                    accept.start_soon(http.serve, listeners, connections)
+                    logger.info("event=listening host=%s port=%d data_dir=%s shards=%d connections_max=%d",
+                                config.host, self.port, os.path.abspath(config.data_dir), count,
+                                http.connections_allowed)
                     task_status.started(self)
                     await self._stop.wait()
                     logger.info("event=shutdown_started connections=%d requests_in_flight=%d",
                                 http.connections, http.requests_in_flight)
                     router.draining = http.draining = True
                     accept.cancel_scope.cancel()
+                    for listener in listeners:
+                        listener.close()
                 with trio.move_on_after(config.shutdown_grace_s):
                     await http.wait_no_requests()
                 connections.cancel_scope.cancel()

@@ -4,12 +4,13 @@ declines (and h11 then answers the error). Then the connection loop over real so
 shapes that leave the fast path: pipelining, split reads, 100-continue, chunked bodies, HTTP/1.0."""
 
 import h11
+import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queen.config import Config
-from queen.http.connection import _Head, parse_simple_request
+from queen.http.connection import _Head, _Reject, parse_simple_request
 from queen.testing import open_server
 
 CONFIG = Config()
@@ -39,8 +40,14 @@ def parse_with_h11(data: bytes):
         return None
 
 
+REJECTED = "rejected"
+
+
 def parse_fast(data: bytes):
-    parsed = parse_simple_request(data, CONFIG)
+    try:
+        parsed = parse_simple_request(data, CONFIG)
+    except _Reject:
+        return REJECTED
     if parsed is None:
         return None
     request, rest = parsed
@@ -74,8 +81,24 @@ def test_shapes_it_leaves_to_h11():
         b"POST /x HTTP/2.0\r\nhost: q\r\n\r\n",
         head + b"content-length: %d\r\n\r\n" % (CONFIG.body_bytes_max + 1),
         head + b"x-big: " + b"a" * CONFIG.header_bytes_max + b"\r\n\r\n",
+        head + b"content-length: " + b"9" * 5000 + b"\r\n\r\n",  # int() of it would raise
+        head + b"content-length: " + b"0" * 20 + b"\r\n\r\n",
     ):
         assert parse_fast(declined) is None, declined
+
+
+@pytest.mark.parametrize("fields", [
+    b"content-length: 3\r\ntransfer-encoding: chunked\r\n",
+    b"transfer-encoding: chunked\r\ncontent-length: 3\r\n",
+])
+def test_both_content_length_and_transfer_encoding_are_refused_on_both_paths(fields):
+    data = b"POST /x HTTP/1.1\r\nhost: q\r\n" + fields + b"\r\n3\r\nabc\r\n0\r\n\r\n"
+    assert parse_fast(data) == REJECTED
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(data)
+    with pytest.raises(_Reject) as caught:
+        _Head(conn.next_event(), CONFIG)
+    assert caught.value.status == 400
 
 
 def mostly(good: list, odd: list):
@@ -120,7 +143,9 @@ def requests(draw):
 @given(requests())
 def test_whatever_the_fast_path_accepts_h11_reads_the_same(data):
     fast = parse_fast(data)
-    if fast is not None:
+    if fast == REJECTED:
+        assert parse_with_h11(data) is None  # the h11 path refuses it too
+    elif fast is not None:
         assert parse_with_h11(data) == fast
 
 
