@@ -1,14 +1,17 @@
-"""Test helpers shipped with the package (like trio.testing): a real `queen serve` subprocess, and a
-Disk whose writes or fsyncs fail on demand.
+"""Test helpers shipped with the package (like trio.testing): a real `queen serve` subprocess, a
+Disk whose writes or fsyncs fail on demand, and a Disk that forgets what was not synced when the
+simulated machine loses power.
 
 Nothing here is imported by the server itself.
 """
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -44,6 +47,175 @@ class FaultyDisk(Disk):
         if self.fail_fsync_after is not None and self.fsyncs > self.fail_fsync_after:
             raise OSError(self.errno_code, os.strerror(self.errno_code))
         super().fsync(fd)
+
+
+class Crash(OSError):
+    """The simulated machine lost power: raised by the operation a ForgetfulDisk crashes at, and by
+    every operation after it until `crash()` is called."""
+
+    def __init__(self):
+        super().__init__(errno.EIO, "simulated power loss")
+
+
+class _Inode:
+    __slots__ = ("data", "synced")
+
+    def __init__(self):
+        self.data = bytearray()  # what a reader sees now
+        self.synced = b""  # what the last fsync made durable
+
+
+class ForgetfulDisk(Disk):
+    """An in-memory disk that keeps written bytes and directory entries apart from synced ones, and
+    on `crash()` keeps only what was synced, tearing or dropping the rest (after SQLite's test6.c).
+
+    - A file's bytes are durable up to its last fsync. At a crash, bytes appended since survive as
+      a random prefix, sometimes followed by garbage; a truncation not yet synced may be undone.
+    - A directory entry (a file created, renamed or removed) is durable once its directory is
+      fsynced. At a crash every entry changed since independently keeps its old or its new state,
+      so a rename can leave both names, or neither.
+    - `crash_at = n` makes the n-th mutating operation (write, fsync, create, rename, remove,
+      truncate, directory fsync) raise Crash without taking effect (a write may land in part), and
+      every operation after it raise Crash too: the process is dead from there on. `ops` counts
+      them, so a first run with `crash_at = None` tells how many crash points a workload has.
+    Paths are only keys here; nothing touches the real file system.
+    """
+
+    def __init__(self, seed: int = 0, crash_at: int | None = None):
+        self.rng = random.Random(seed)
+        self.crash_at = crash_at
+        self.ops = 0
+        self.dead = False
+        self.crashes = 0
+        self._files: dict[str, _Inode] = {}
+        self._durable: dict[str, _Inode] = {}
+        self._fds: dict[int, _Inode] = {}
+        self._next_fd = 1000
+
+    def _tick(self) -> bool:
+        """Count a mutating operation; True if it is the one to crash at (the caller may tear it)."""
+        if self.dead:
+            raise Crash()
+        self.ops += 1
+        if self.crash_at is not None and self.ops >= self.crash_at:
+            self.dead = True
+            return True
+        return False
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    def list_dir(self, path: str) -> list[str]:
+        if self.dead:
+            raise Crash()
+        prefix = path.rstrip("/") + "/"
+        return [name[len(prefix):] for name in self._files if name.startswith(prefix) and "/" not in name[len(prefix):]]
+
+    def read_file(self, path: str) -> bytes:
+        if self.dead:
+            raise Crash()
+        inode = self._files.get(path)
+        if inode is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        return bytes(inode.data)
+
+    # -- writing --------------------------------------------------------------------------------------
+
+    def _open(self, inode: _Inode) -> int:
+        self._next_fd += 1
+        self._fds[self._next_fd] = inode
+        return self._next_fd
+
+    def open_append(self, path: str) -> int:
+        if self._tick():
+            raise Crash()
+        inode = self._files.get(path)
+        if inode is None:
+            inode = self._files[path] = _Inode()
+        return self._open(inode)
+
+    def create(self, path: str) -> int:
+        if self._tick():
+            raise Crash()
+        inode = self._files.get(path)
+        if inode is None:
+            inode = self._files[path] = _Inode()
+        else:
+            inode.data = bytearray()
+        return self._open(inode)
+
+    def write(self, fd: int, data: bytes) -> None:
+        inode = self._fds[fd]
+        if self._tick():
+            inode.data += data[:self.rng.randrange(len(data) + 1)]  # the write may land in part
+            raise Crash()
+        inode.data += data
+
+    def fsync(self, fd: int) -> None:
+        if self._tick():
+            raise Crash()
+        inode = self._fds[fd]
+        inode.synced = bytes(inode.data)
+
+    def close(self, fd: int) -> None:
+        if self.dead:
+            raise Crash()
+        del self._fds[fd]
+
+    def fsync_dir(self, path: str) -> None:
+        if self._tick():
+            raise Crash()
+        prefix = path.rstrip("/") + "/"
+        for name in set(self._files) | set(self._durable):
+            if name.startswith(prefix) and "/" not in name[len(prefix):]:
+                if name in self._files:
+                    self._durable[name] = self._files[name]
+                else:
+                    self._durable.pop(name, None)
+
+    def rename(self, source: str, target: str) -> None:
+        if self._tick():
+            raise Crash()
+        self._files[target] = self._files.pop(source)
+
+    def remove(self, path: str) -> None:
+        if self._tick():
+            raise Crash()
+        del self._files[path]
+
+    def truncate(self, path: str, size: int) -> None:
+        if self._tick():
+            raise Crash()
+        inode = self._files[path]
+        del inode.data[size:]
+        inode.synced = bytes(inode.data)
+
+    # -- the power loss -------------------------------------------------------------------------------
+
+    def crash(self) -> None:
+        """Keep what was synced, tear or drop the rest, and come back up."""
+        rng = self.rng
+        survivors: dict[str, _Inode] = {}
+        for name in sorted(set(self._files) | set(self._durable)):
+            old, new = self._durable.get(name), self._files.get(name)
+            inode = old if old is new else rng.choice((old, new))
+            if inode is not None:
+                survivors[name] = inode
+        for inode in {id(i): i for i in survivors.values()}.values():
+            data, synced = bytes(inode.data), inode.synced
+            if data.startswith(synced):
+                kept = synced + data[len(synced):len(synced) + rng.randrange(len(data) - len(synced) + 1)]
+                if len(kept) < len(data) and rng.random() < 0.3:
+                    kept += rng.randbytes(rng.randrange(1, 64))  # a torn sector holds garbage
+            else:
+                kept = rng.choice((synced, data))
+            inode.data = bytearray(kept)
+            inode.synced = kept
+        self._files = dict(survivors)
+        self._durable = dict(survivors)
+        self._fds.clear()
+        self.dead = False
+        self.crash_at = None
+        self.crashes += 1
 
 
 class ServerProcess:

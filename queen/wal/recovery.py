@@ -47,6 +47,8 @@ SNAPSHOT_RE = re.compile(r"^snapshot-(\d{20})\.snap$")
 # A version a damaged header claims is believed only below this: a flipped high bit must not push
 # the counter to the end of its range. The ceiling records cover every honest claim anyway.
 CLAIM_PLAUSIBLE_MAX = 1 << 62
+# Format versions are small numbers; a header with a larger one is torn, not from another build.
+FORMAT_VERSION_PLAUSIBLE_MAX = 1 << 16
 
 FORMAT_1_HELP = (
     "it was written by format 1 of the log (Queen 0.1.0); this build reads format 2 and has changed nothing. "
@@ -122,11 +124,13 @@ def recover(data_dir: str, apply, disk: Disk | None = None) -> Recovered:
             raise CorruptLog(f"segment {segment_name(expected)} is missing (found {segments[seq]} after it)")
         expected += 1
     result.next_segment = (order[-1] + 1) if order else first_segment
-    announced = None  # the segment a segment_cut record says comes next
+    # The segment a segment_cut record (or the snapshot) says the log goes on in: its header was
+    # durable before anything named it.
+    announced = first_segment if result.snapshot_version else None
     for position, seq in enumerate(order):
         path = os.path.join(data_dir, segments[seq])
-        last_segment = position == len(order) - 1
-        announced, removed = _replay_segment(path, last_segment, apply, result, disk)
+        later = [os.path.join(data_dir, segments[later_seq]) for later_seq in order[position + 1:]]
+        announced, removed = _replay_segment(path, later, announced == seq, apply, result, disk)
         if announced is not None and announced != seq + 1:
             raise CorruptLog(f"{path} ends by naming {segment_name(announced)} as the next segment, not {segment_name(seq + 1)}")
         if removed:
@@ -149,7 +153,9 @@ def _refuse_other_formats(data_dir: str, segments: dict[int, str], disk: Disk) -
         except FormatVersionError as error:
             if error.version == 1:
                 raise UnreadableFormat(f"{os.path.abspath(data_dir)}: {FORMAT_1_HELP}") from None
-            raise UnreadableFormat(f"{path}: {error}; it was written by a newer build of Queen") from None
+            if error.version < FORMAT_VERSION_PLAUSIBLE_MAX:
+                raise UnreadableFormat(f"{path}: {error}; it was written by a newer build of Queen") from None
+            # Garbage where the version goes: a header torn by a crash, which replay handles.
         except FrameError:
             pass  # damage; replay decides whether it is a torn header or refuses
         return  # the oldest segment speaks for the directory
@@ -179,28 +185,33 @@ def _load_snapshot(data_dir: str, snapshots: dict[int, str], apply, result: Reco
     return 1
 
 
-def _replay_segment(path: str, last_segment: bool, apply, result: Recovered, disk: Disk) -> tuple[int | None, bool]:
-    """Replay one segment: (the next segment its segment_cut record announces or None, whether it
-    was a torn header and has been set aside)."""
+def _replay_segment(path: str, later: list[str], announced: bool, apply, result: Recovered,
+                    disk: Disk) -> tuple[int | None, bool]:
+    """Replay one segment (later: the paths of the segments after it; announced: the log named it
+    before). Returns the next segment its segment_cut record announces or None, and whether it was
+    a torn header and has been set aside."""
     data = disk.read_file(path)
-    if len(data) < FILE_HEADER.size and last_segment:
+    try:
+        check_file_header(data)
+    except FrameError as error:
+        # A segment is created (header, fsync, directory fsync) before anything names it or goes
+        # into it, so a crash during its creation leaves the newest segment with a torn header,
+        # unnamed and holding no frame. Anything else is damage.
+        if later or announced or find_next_valid_frame(data, 0) is not None:
+            raise CorruptLog(f"{path}: {error}") from None
         target = quarantine_name(path, 0)
         logger.warning("event=wal_header_torn file=%s bytes=%d action=quarantined quarantine=%s", path, len(data), target)
         disk.rename(path, target)
         disk.fsync_dir(os.path.dirname(path) or ".")
         result.quarantined.append(target)
         return None, True
-    try:
-        check_file_header(data)
-    except FrameError as error:
-        raise CorruptLog(f"{path}: {error}") from None
     offset = FILE_HEADER.size
     announced = None
     while offset < len(data):
         try:
             items, first_version, last_version, next_offset = decode_frame(data, offset)
         except FrameError as error:
-            _refuse_unless_tail(path, offset, str(error), data, last_segment)
+            _refuse_unless_tail(path, offset, str(error), data, later, disk)
             _quarantine_tail(path, offset, str(error), data, result, disk)
             return announced, False
         try:
@@ -231,9 +242,13 @@ def _replay_segment(path: str, last_segment: bool, apply, result: Recovered, dis
     return announced, False
 
 
-def _refuse_unless_tail(path: str, offset: int, reason: str, data: bytes, last_segment: bool) -> None:
-    if not last_segment:
-        raise CorruptLog(f"{path} offset {offset}: damaged frame ({reason}) in a segment that is not the last")
+def _refuse_unless_tail(path: str, offset: int, reason: str, data: bytes, later: list[str], disk: Disk) -> None:
+    """Damage is a tail a crash may leave only at the end of the log: in the last segment, or in
+    the one before a segment that holds no frame yet (a crash while writing the record that closed
+    this one: the next is created first, so it exists, still empty)."""
+    for later_path in later:
+        if find_next_valid_frame(disk.read_file(later_path), 0) is not None:
+            raise CorruptLog(f"{path} offset {offset}: damaged frame ({reason}) in a segment that is not the last")
     found = find_next_valid_frame(data, offset + 1)
     if found is not None:
         raise CorruptLog(f"{path} offset {offset}: damaged frame ({reason}) followed by a valid frame at offset {found}")

@@ -9,19 +9,26 @@ fsync before the next is sent); with several shards a call's parts may land in s
 import logging
 import os
 import re
+import struct
 import subprocess
 import sys
+import zlib
 from functools import partial
 
+import cbor2
 import pytest
 import trio
+import zstandard
 
 from queen.config import Config
-from queen.core.kv import READ_OPS, Limits, parse_kv_ops
-from queen.errors import CorruptLog
+from queen.core.kv import READ_OPS, parse_kv_ops
+from queen.core.limits import Limits
+from queen.core.locks import parse_lock_ops
+from queen.errors import CorruptLog, UnreadableFormat
 from queen.runtime.server import Server
-from queen.wal.frame import FILE_HEADER, FRAME_HEADER, decode_frame
+from queen.wal.frame import FILE_HEADER, FORMAT_VERSION, FRAME_HEADER, decode_frame, encode_frame
 from queen.wal.recovery import list_dir, segment_name
+from queen.wal.snapshot import SNAPSHOT_HEADER, decode_snapshot, snapshot_name
 
 LIMITS = Limits()
 FRAMES = 5
@@ -337,3 +344,97 @@ async def test_snapshots_delete_old_segments_and_a_restart_keeps_latest_values_a
             assert (rows[key]["value"], rows[key]["version"]) == (value, version), key
         [after] = await call(server, put("key0", "after"))
         assert after["version"] > highest
+
+
+# -- the newest frame damaged, not torn ---------------------------------------------------------
+
+
+async def acquire(server, owner):
+    ops = parse_lock_ops([{"op": "acquire", "name": "job", "ttlSeconds": 600, "owner": owner}], LIMITS)
+    [result] = await server.router.run_locks(ops)
+    return result
+
+
+async def test_a_flipped_bit_in_the_last_whole_frame_is_quarantined_loudly_and_its_fence_never_reissued(
+        tmp_path, serve, caplog, mock_clock):
+    data_dir = tmp_path / "data"
+    async with serve(data_dir, shard_count=1) as server:
+        await write_frames(server, 3)
+        first = await acquire(server, "a")  # the last frame: an acknowledged grant
+    assert first["acquired"]
+    path = segment_path(data_dir, 1)
+    start, end = frame_spans(path)[-1]
+    damaged_frame = read_bytes(path)[start:end]
+    flip_byte(path, (start + FRAME_HEADER.size + end) // 2)
+
+    caplog.set_level(logging.INFO)
+    async with serve(data_dir) as server:
+        [error] = [r for r in caplog.records if "event=wal_frame_damaged" in r.getMessage()]
+        assert error.levelno == logging.ERROR
+        message = error.getMessage()
+        assert f"offset={start}" in message and f"claimed_versions={first['token']}..{first['token']}" in message
+        kept = read_bytes(f"{path}.cut-{start}")
+        assert len(kept) == len(damaged_frame) and kept != damaged_frame  # the damaged bytes, kept
+        second = await acquire(server, "b")  # the grant is gone with its frame...
+        assert second["acquired"]
+        assert second["fence"] > first["fence"] and second["token"] > first["token"]  # ...its fence is not reused
+
+
+async def test_a_missing_newest_segment_is_noticed_through_the_record_that_closed_the_one_before(
+        tmp_path, serve, mock_clock):
+    data_dir = tmp_path / "data"
+    async with serve(data_dir, shard_count=1, segment_bytes_max=256) as server:
+        await write_frames(server, 6)  # enough for several cuts within this run
+    newest = max(segments_in(data_dir))
+    os.remove(segment_path(data_dir, newest))
+    message = await refused(data_dir)
+    assert segment_name(newest) in message and "missing" in message
+
+
+async def test_a_missing_segment_a_snapshot_begins_with_is_noticed(tmp_path, serve, mock_clock):
+    data_dir = tmp_path / "data"
+    async with serve(data_dir, shard_count=1, snapshot_wal_bytes=1) as server:
+        await write_frames(server, 3)
+    assert snapshots_in(data_dir)
+    for seq in segments_in(data_dir):
+        os.remove(segment_path(data_dir, seq))
+    message = await refused(data_dir)
+    assert "missing" in message and "snapshot" in message
+
+
+async def test_a_directory_written_by_format_1_is_refused_with_how_to_carry_the_data_over(tmp_path, serve, mock_clock):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / segment_name(1)).write_bytes(FILE_HEADER.pack(b"QNWL", 1, 0) + b"QNF1" + b"\0" * 40)
+    with pytest.raises(UnreadableFormat) as info:
+        await Server(Config(port=0, data_dir=str(data_dir))).run()
+    message = str(info.value)
+    assert "format 1" in message and "queen kv list" in message and "empty" in message
+    assert sorted(os.listdir(data_dir)) == ["LOCK", segment_name(1)]  # nothing changed
+
+
+async def test_a_record_kind_this_build_does_not_know_is_refused_as_a_newer_builds(tmp_path, serve, mock_clock):
+    data_dir = tmp_path / "data"
+    async with serve(data_dir, shard_count=1) as server:
+        await write_frames(server, 2)
+    with open(segment_path(data_dir, 1), "ab") as f:
+        f.write(encode_frame([99, "from the future"], 0, 0))  # whole and checksummed: not damage
+    message = await refused(data_dir)
+    assert "newer build" in message
+
+
+async def test_a_snapshot_with_a_section_this_build_does_not_know_is_refused(tmp_path, serve, mock_clock):
+    data_dir = tmp_path / "data"
+    async with serve(data_dir, shard_count=1, snapshot_wal_bytes=1) as server:
+        await write_frames(server, 3)
+    [version] = snapshots_in(data_dir)
+    path = data_dir / snapshot_name(version)
+    kept = decode_snapshot(path.read_bytes())
+    # A whole, checksummed snapshot from a build that also keeps queues.
+    payload = zstandard.ZstdCompressor().compress(cbor2.dumps({"kv": [], "queues": [7]}))
+    crc = zlib.crc32(payload, zlib.crc32(struct.pack("<QQQ", version, kept.ceiling, kept.first_segment)))
+    path.write_bytes(SNAPSHOT_HEADER.pack(b"QNSP", FORMAT_VERSION, version, kept.ceiling, kept.first_segment, crc,
+                                          len(payload)) + payload)
+    with pytest.raises(UnreadableFormat) as info:
+        await Server(Config(port=0, data_dir=str(data_dir))).run()
+    assert "queues" in str(info.value) and "newer" in str(info.value)
