@@ -58,26 +58,29 @@ class Crash(OSError):
 
 
 class _Inode:
-    __slots__ = ("data", "synced")
+    __slots__ = ("data", "synced", "pending")
 
     def __init__(self):
         self.data = bytearray()  # what a reader sees now
         self.synced = b""  # what the last fsync made durable
+        self.pending: list = []  # writes since: (offset, bytes), or (size, None) for a truncation
 
 
 class ForgetfulDisk(Disk):
     """An in-memory disk that keeps written bytes and directory entries apart from synced ones, and
     on `crash()` keeps only what was synced, tearing or dropping the rest (after SQLite's test6.c).
 
-    - A file's bytes are durable up to its last fsync. At a crash, bytes appended since survive as
-      a random prefix, sometimes followed by garbage; a truncation not yet synced may be undone.
+    - A file's bytes are durable up to its last fsync. At a crash, the writes since then survive
+      as a random prefix of them in order, the last one kept possibly torn and sometimes followed
+      by garbage.
     - A directory entry (a file created, renamed or removed) is durable once its directory is
       fsynced. At a crash every entry changed since independently keeps its old or its new state,
       so a rename can leave both names, or neither.
-    - `crash_at = n` makes the n-th mutating operation (write, fsync, create, rename, remove,
-      truncate, directory fsync) raise Crash without taking effect (a write may land in part), and
-      every operation after it raise Crash too: the process is dead from there on. `ops` counts
-      them, so a first run with `crash_at = None` tells how many crash points a workload has.
+    - `crash_at = n` makes the n-th mutating operation (write, fsync, create, allocate, rename,
+      remove, truncate, directory fsync) raise Crash without taking effect (a write may land in
+      part), and every operation after it raise Crash too: the process is dead from there on.
+      `ops` counts them, so a first run with `crash_at = None` tells how many crash points a
+      workload has.
     Paths are only keys here; nothing touches the real file system.
     """
 
@@ -89,7 +92,7 @@ class ForgetfulDisk(Disk):
         self.crashes = 0
         self._files: dict[str, _Inode] = {}
         self._durable: dict[str, _Inode] = {}
-        self._fds: dict[int, _Inode] = {}
+        self._fds: dict[int, list] = {}  # fd -> [inode, position, appending]
         self._next_fd = 1000
 
     def _tick(self) -> bool:
@@ -120,9 +123,9 @@ class ForgetfulDisk(Disk):
 
     # -- writing --------------------------------------------------------------------------------------
 
-    def _open(self, inode: _Inode) -> int:
+    def _open(self, inode: _Inode, appending: bool) -> int:
         self._next_fd += 1
-        self._fds[self._next_fd] = inode
+        self._fds[self._next_fd] = [inode, 0, appending]
         return self._next_fd
 
     def open_append(self, path: str) -> int:
@@ -131,7 +134,7 @@ class ForgetfulDisk(Disk):
         inode = self._files.get(path)
         if inode is None:
             inode = self._files[path] = _Inode()
-        return self._open(inode)
+        return self._open(inode, True)
 
     def create(self, path: str) -> int:
         if self._tick():
@@ -140,21 +143,32 @@ class ForgetfulDisk(Disk):
         if inode is None:
             inode = self._files[path] = _Inode()
         else:
-            inode.data = bytearray()
-        return self._open(inode)
+            _apply(inode, 0, None)
+        return self._open(inode, False)
+
+    def allocate(self, fd: int, size: int) -> None:
+        inode = self._fds[fd][0]
+        if self._tick():
+            raise Crash()
+        if size > len(inode.data):
+            _apply(inode, len(inode.data), bytes(size - len(inode.data)))
 
     def write(self, fd: int, data: bytes) -> None:
-        inode = self._fds[fd]
+        entry = self._fds[fd]
+        inode = entry[0]
+        offset = len(inode.data) if entry[2] else entry[1]
         if self._tick():
-            inode.data += data[:self.rng.randrange(len(data) + 1)]  # the write may land in part
+            _apply(inode, offset, data[:self.rng.randrange(len(data) + 1)])  # the write may land in part
             raise Crash()
-        inode.data += data
+        _apply(inode, offset, data)
+        entry[1] = offset + len(data)
 
     def fsync(self, fd: int) -> None:
         if self._tick():
             raise Crash()
-        inode = self._fds[fd]
+        inode = self._fds[fd][0]
         inode.synced = bytes(inode.data)
+        inode.pending = []
 
     def close(self, fd: int) -> None:
         if self.dead:
@@ -186,8 +200,9 @@ class ForgetfulDisk(Disk):
         if self._tick():
             raise Crash()
         inode = self._files[path]
-        del inode.data[size:]
+        _apply(inode, size, None)
         inode.synced = bytes(inode.data)
+        inode.pending = []
 
     # -- the power loss -------------------------------------------------------------------------------
 
@@ -201,21 +216,35 @@ class ForgetfulDisk(Disk):
             if inode is not None:
                 survivors[name] = inode
         for inode in {id(i): i for i in survivors.values()}.values():
-            data, synced = bytes(inode.data), inode.synced
-            if data.startswith(synced):
-                kept = synced + data[len(synced):len(synced) + rng.randrange(len(data) - len(synced) + 1)]
-                if len(kept) < len(data) and rng.random() < 0.3:
-                    kept += rng.randbytes(rng.randrange(1, 64))  # a torn sector holds garbage
-            else:
-                kept = rng.choice((synced, data))
-            inode.data = bytearray(kept)
-            inode.synced = kept
+            kept = _Inode()
+            kept.data = bytearray(inode.synced)
+            landed = rng.randrange(len(inode.pending) + 1)
+            for index, (offset, data) in enumerate(inode.pending[:landed]):
+                if data is not None and index == landed - 1 and data:
+                    data = data[:rng.randrange(1, len(data) + 1)]  # the last write to land may be torn
+                    if rng.random() < 0.3:
+                        data += rng.randbytes(rng.randrange(1, 64))  # a torn sector holds garbage
+                _apply(kept, offset, data)
+            inode.data = kept.data
+            inode.synced = bytes(kept.data)
+            inode.pending = []
         self._files = dict(survivors)
         self._durable = dict(survivors)
         self._fds.clear()
         self.dead = False
         self.crash_at = None
         self.crashes += 1
+
+
+def _apply(inode: _Inode, offset: int, data: bytes | None) -> None:
+    """Write data at offset (None: truncate to offset), and remember it as not yet synced."""
+    if data is None:
+        del inode.data[offset:]
+    else:
+        if offset > len(inode.data):
+            inode.data += bytes(offset - len(inode.data))
+        inode.data[offset:offset + len(data)] = data
+    inode.pending.append((offset, data))
 
 
 class ServerProcess:

