@@ -18,7 +18,7 @@ import sys
 import trio
 
 from queen.config import Config
-from queen.http.connection import HttpServer, Response
+from queen.http.connection import HttpServer, Response, open_listeners
 
 BODY = b'{"results":[{"applied":true,"version":1,"index":0,"op":"put"}]}'
 
@@ -31,9 +31,9 @@ class FixedAnswer:
 async def main(host: str, port: int) -> None:
     http = HttpServer(FixedAnswer(), Config())
     async with trio.open_nursery() as nursery:
-        listeners = await trio.open_tcp_listeners(port, host=host)
-        print(f"event=listening host={host} port={listeners[0].socket.getsockname()[1]}", file=sys.stderr, flush=True)
-        nursery.start_soon(trio.serve_listeners, http.serve_connection, listeners)
+        listeners = open_listeners(host, port)
+        print(f"event=listening host={host} port={listeners[0].getsockname()[1]}", file=sys.stderr, flush=True)
+        nursery.start_soon(http.serve, listeners, nursery)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:
                 break

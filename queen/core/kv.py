@@ -224,7 +224,8 @@ def parse_kv_op(raw, index, limits: Limits, allow_reserved: bool = False, values
     name = raw.get("op")
     if type(name) is not str or name not in KV_OPS:
         fail("unknown_op", f"op must be one of {', '.join(sorted(KV_OPS))}", index, op=name)
-    check_fields(raw, FIELDS[name], index)
+    if not FIELDS[name].issuperset(raw):
+        check_fields(raw, FIELDS[name], index)
     ns = text(raw.get("ns"), "ns", limits.ns_bytes_max, index)
     if name == "getMany":
         keys = raw.get("keys")

@@ -37,6 +37,14 @@ def shard_of(ns: str, key: str, shard_count: int) -> int:
     return zlib.crc32(key.encode(), seed) % shard_count
 
 
+_LOCKS_SEED = zlib.crc32(LOCKS_NS.encode() + b"\x00")
+
+
+def shard_of_lock(name: str, shard_count: int) -> int:
+    """shard_of(LOCKS_NS, name + "#" + any slot), without building the key."""
+    return zlib.crc32(name.encode(), _LOCKS_SEED) % shard_count
+
+
 # -- steps --------------------------------------------------------------------------------------------
 
 class Ops:

@@ -9,7 +9,7 @@ import trio
 
 from queen.core.kv import LOCKS_NS, KvOp, encode_cursor
 from queen.core.locks import LockOp
-from queen.core.state import Abandon, Tick, Transaction, shard_of
+from queen.core.state import Abandon, Tick, Transaction, shard_of, shard_of_lock
 from queen.errors import Unavailable
 from queen.runtime.shard_actor import ShardActor
 from queen.runtime.steps import Call, StepRunner
@@ -89,7 +89,7 @@ class Router:
         parts: dict[int, list] = {}
         waiting_shards = []
         for position, op in enumerate(ops):
-            shard = shard_of(LOCKS_NS, op.name, count) if count > 1 else 0
+            shard = shard_of_lock(op.name, count) if count > 1 else 0
             parts.setdefault(shard, []).append((call, position, op))
             if op.op == "acquire" and op.wait_ms and shard not in waiting_shards:
                 waiting_shards.append(shard)
