@@ -324,13 +324,16 @@ class KvState:
     existing by expiry (found by a read or by the wheel), for the lock table to hand on to waiters
     in the same step."""
 
-    __slots__ = ("tables", "versions", "wheel", "freed_permits", "_apply")
+    __slots__ = ("tables", "versions", "wheel", "freed_permits", "_unscheduled", "_apply")
 
     def __init__(self, versions: VersionCounter, now_ms: int):
         self.tables: dict[str, Table] = {}
         self.versions = versions
         self.wheel = TimingWheel(now_ms)
         self.freed_permits: list[str] = []
+        # Rows written with a lifetime since the last tick, filed in the wheel at that tick: a row
+        # deleted before then (a lock released soon after it was acquired) never touches the wheel.
+        self._unscheduled: list[tuple[str, str]] = []
         self._apply = {
             "get": self._get, "getMany": self._get_many, "getPrefix": self._get_prefix,
             "check": self._check, "put": self._put, "putIfAbsent": self._put,
@@ -360,7 +363,7 @@ class KvState:
             table.note_insert(key)
         rows[key] = row
         if row.expires_at_ms:
-            self.wheel.schedule((ns, key), row.expires_at_ms)
+            self._unscheduled.append((ns, key))
         rec.put(records, ns, key, row.value, row.version, row.create_version, row.created_at_ms,
                 row.updated_at_ms, row.expires_at_ms)
 
@@ -505,6 +508,13 @@ class KvState:
         """Free the rows whose lifetime has passed. Writes nothing to the WAL: expiry is a function
         of the stored expires_at_ms, so replay reaches the same state."""
         wheel = self.wheel
+        if self._unscheduled:
+            unscheduled, self._unscheduled = self._unscheduled, []
+            for item in unscheduled:
+                table = self.tables.get(item[0])
+                row = table.rows.get(item[1]) if table is not None else None
+                if row is not None and row.expires_at_ms:
+                    wheel.schedule(item, row.expires_at_ms)
         for item in wheel.advance(now_ms):
             ns, key = item
             table = self.tables.get(ns)
