@@ -1,6 +1,6 @@
 """Queen's benchmarks: load generator, workloads, servers under test, report.
 
-Speed lives here, never in timed test assertions (STYLE.md). `python -m bench --help` runs it;
+Speed lives here, never in timed test assertions. `python -m bench --help` runs it;
 README.md beside this file says what each figure means.
 
 Modules:

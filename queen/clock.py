@@ -1,4 +1,4 @@
-"""The server's one source of time (DESIGN.md §1 principle 5).
+"""The server's one source of time.
 
 Wall time is derived from a monotonic base taken at start, so a wall-clock jump on the host does
 not shorten a live lease. The monotonic part is trio's clock, so tests that run under

@@ -1,5 +1,5 @@
 """`python -m bench --quick` against Queen alone: the harness runs end to end and its report has
-the promised shape. Speed is never asserted here (STYLE.md: speed lives in bench/); only that
+the promised shape. Speed is never asserted here (speed lives in bench/); only that
 every figure the issue asks for is present, and that the runs saw no errors."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The KV half of the SDK: typed results, and the calls of `client.kv` (DESIGN.md §3).
+"""The KV half of the SDK: typed results, and the calls of `client.kv`.
 
 Results are small frozen objects with snake_case fields; the camelCase of the wire stops here.
 Reads are safe to repeat, so they are retried on transport errors and 503; writes are not (a

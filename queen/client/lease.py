@@ -1,8 +1,8 @@
 """The client's view of one permit: a small state machine, pure, with `now` passed in (seconds on
 the event loop's clock), so every rule of loss is tested without sleeping.
 
-Rules (000_*: "gone means the broker said so, or the lifetime passed on the client's own clock
-without a renew getting through"):
+Rules (a permit is gone when the broker says so, or when the lifetime passed on the client's own
+clock without a renewal getting through):
   - A grant or a renewal answered to a request sent at `sent_at` makes the permit ours until
     `sent_at + ttl_s` on our clock, at the latest: the server wrote the lease after we sent, so its
     lease cannot end before that. This is the `deadline`.

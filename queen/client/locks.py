@@ -1,4 +1,4 @@
-"""Lock and semaphore handles (000_* "Renewing, and knowing you lost", 002_* withLock).
+"""Lock and semaphore handles (renewing, and knowing you lost; run() as a with-lock helper).
 
 A handle is one holder: it mints its owner once (`host:pid:random`, overridable), acquires, renews
 in the background every third of the lifetime, reports loss (callbacks, an event, and cancelling
@@ -409,7 +409,7 @@ class Lock:
             raise LockLost(self.name, self._lease.lost_reason)
 
     async def run(self, fn: Callable[..., Awaitable], *args, wait=None) -> RunResult:
-        """Run `await fn(*args)` while holding the lock (002_* withLock): RunResult(acquired=False,
+        """Run `await fn(*args)` while holding the lock (a with-lock helper): RunResult(acquired=False,
         reason=...) if it could not be taken; LockLost if it was lost while fn ran."""
         try:
             async with self.hold(wait=wait):

@@ -1,8 +1,8 @@
-"""Transactions, first form (DESIGN.md §5): `client.transaction().guard(lock).kv.put(...).commit()`
+"""Transactions, first form: `client.transaction().guard(lock).kv.put(...).commit()`
 on `POST /api/v1/transaction`, answering `success` and `reason`.
 
 The guards of the locks go first in the `kv` section, read when the transaction is sent (the
-latest token; 000_*: "read lock.token when you send it"). A guard that misses means the lock is no
+latest token: read lock.token when you send it). A guard that misses means the lock is no
 longer ours: the handle is told (on_lost("guard")) before commit() returns. Operations are indexed
 as you added them, guards not counted.
 """

@@ -4,6 +4,8 @@ trio's MockClock: leases, the 50 ms tick and waits run in virtual time."""
 import trio
 import trio.testing
 
+from queen.core.limits import Limits
+from queen.core.locks import parse_lock_ops
 from queen.testing import HttpClient, open_server
 
 TICK_S = 0.05
@@ -168,3 +170,26 @@ async def test_bad_lock_calls_answer_400_with_a_code_and_change_nothing(tmp_path
         status, body = await client.request("POST", "/api/v1/kv", {"operations": [
             {"op": "put", "ns": "queen-locks", "key": "fine#0", "value": "me", "ttlSeconds": 5}]})
         assert status == 400 and body["error"]["code"] == "reserved_namespace"
+
+
+async def test_a_tick_is_not_queued_behind_a_full_shard_queue(tmp_path, autojump_clock):
+    # Ticks are steps of their own, never messages in a shard's queue: with thousands of calls
+    # queued on the lock's shard when the lease ends, the waiter still gets it within one tick.
+    async with open_server(tmp_path / "data", shard_count=1) as server:
+        holder, waiter = HttpClient(server.port), HttpClient(server.port)
+        [held] = await holder.locks(acquire("job", "h", ttl=1))
+        lease_ends_s = trio.current_time() + 1
+        answered = []
+        flood_ops = parse_lock_ops([{"op": "get", "name": "job"}], Limits())
+
+        async def flood():
+            await trio.sleep_until(lease_ends_s - 0.001)
+            await server.router.run_locks(flood_ops)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(6000):  # more than a shard queue holds (4096)
+                nursery.start_soon(flood)
+            [got] = await waiter.locks(acquire("job", "w", waitMs=10_000))
+            answered.append(trio.current_time())
+        assert got["acquired"] is True and got["fence"] > held["fence"]
+        assert lease_ends_s <= answered[0] <= lease_ends_s + TICK_S + 0.001
