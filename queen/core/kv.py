@@ -554,9 +554,11 @@ class KvState:
         return sum(len(t.rows) for t in self.tables.values())
 
 
-def snapshot_records(copies: list, out: list) -> None:
-    """Append a put record per row of snapshot_copy()'s copies."""
+def snapshot_records(copies: list, kv: list, locks: list) -> None:
+    """Append a put record per row of snapshot_copy()'s copies: lock permits to `locks`, every
+    other row to `kv`."""
     put = rec.put
     for ns, rows in copies:
+        out = locks if ns == LOCKS_NS else kv
         for key, r in rows.items():
             put(out, ns, key, r.value, r.version, r.create_version, r.created_at_ms, r.updated_at_ms, r.expires_at_ms)

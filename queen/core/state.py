@@ -153,9 +153,10 @@ class State:
 
         def sections() -> dict[str, list]:
             kv: list = []
+            locks: list = []
             for shard_copies in copies:
-                snapshot_records(shard_copies, kv)
-            return {"kv": kv}
+                snapshot_records(shard_copies, kv, locks)
+            return {"kv": kv, "locks": locks}
 
         return sections
 

@@ -12,9 +12,10 @@ snapshot-<version, 20 digits>.snap.
 
 Sections, each a flat array of records as queen/core/records.py defines them:
 
-| section | records                                                       |
-| ------- | ------------------------------------------------------------- |
-| kv      | put, one per live row (lock permits included: ns queen-locks) |
+| section | records                                                           |
+| ------- | ----------------------------------------------------------------- |
+| kv      | put, one per live row of every namespace but queen-locks          |
+| locks   | put, one per held lock permit (the rows of queen-locks)           |
 
 Queues and timers will add sections of their own. A section this build does not know is refused
 as written by a newer build, never skipped: skipping it would drop its state.
@@ -34,7 +35,7 @@ from queen.wal.frame import FORMAT_VERSION
 SNAPSHOT_MAGIC = b"QNSP"
 SNAPSHOT_HEADER = struct.Struct("<4sIQQQIQ")
 _CRC_FIELDS = struct.Struct("<QQQ")
-SECTIONS = ("kv",)
+SECTIONS = ("kv", "locks")
 
 
 class SnapshotError(Exception):
