@@ -13,7 +13,7 @@ import trio
 
 from queen import __version__
 from queen.config import Config, config_fields, validate
-from queen.errors import CorruptLog
+from queen.errors import CorruptLog, RefusedToStart
 
 logger = logging.getLogger("queen")
 
@@ -190,13 +190,15 @@ def serve(config: Config) -> int:
     failure = None
     try:
         trio.run(main_task)
-    except* (DataDirBusy, CorruptLog, OSError) as group:  # raised inside nurseries, so grouped
+    except* (DataDirBusy, RefusedToStart, OSError) as group:  # raised inside nurseries, so grouped
         failure = _first_leaf(group)
     if failure is None:
         return 0
     if isinstance(failure, CorruptLog):
         logger.error("event=start_failed reason=corrupt_log detail=%r action=refusing_to_start "
                      "hint='inspect or move the named file; starting would drop acknowledged writes'", str(failure))
+    elif isinstance(failure, RefusedToStart):
+        logger.error("event=start_failed reason=unreadable_format detail=%r action=refusing_to_start", str(failure))
     elif isinstance(failure, OSError) and failure.errno == errno.EADDRINUSE:
         logger.error("event=start_failed reason=address_in_use host=%s port=%d", config.host, config.port)
     else:

@@ -35,7 +35,7 @@ class Config:
     value_bytes_max: int = _opt(256 << 10, "largest KV value, measured as its JSON encoding", "BYTES")
     ns_bytes_max: int = _opt(128, "longest KV namespace", "BYTES")
     key_bytes_max: int = _opt(1024, "longest KV key (a lock permit's key is its name, '#' and its slot)", "BYTES")
-    segment_bytes_max: int = _opt(64 << 20, "a WAL segment file is closed and a new one started past this size", "BYTES")
+    segment_bytes_max: int = _opt(64 << 20, "a WAL segment file is allocated at this size when created, and a new one started once it is full", "BYTES")
     snapshot_wal_bytes: int = _opt(32 << 20, "take a snapshot once this many WAL bytes were written since the last one; then covered segments are deleted", "BYTES")
     shutdown_grace_s: float = _opt(10.0, "on SIGTERM/SIGINT, time allowed for in-flight requests before connections are cut", "SECONDS")
     log_level: str = _opt("info", "diagnostic log level on stderr: debug, info, warning, error", "LEVEL")
