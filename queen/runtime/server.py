@@ -149,13 +149,19 @@ class Server:
         lines = [
             ("queen_requests_total", "counter", "HTTP requests answered", http.requests_total),
             ("queen_connections", "gauge", "open HTTP connections", http.connections),
+            ("queen_connections_allowed", "gauge", "the connection limit in force (lowered to fit the open-file limit)", http.connections_allowed),
+            ("queen_connections_refused_total", "counter", "connections answered 503 at the limit with none idle", http.connections_refused),
+            ("queen_connections_idle_closed_total", "counter", "idle keep-alive connections closed to make room for new ones", http.idle_closed),
+            ("queen_connections_timed_out_total", "counter", "connections cut off: a request that did not arrive, or an answer not taken, in time", http.timeouts),
             ("queen_wal_batches_total", "counter", "WAL frames written (one fsync each)", writer.batches),
             ("queen_wal_records_total", "counter", "effect records written to the WAL", writer.records_written),
             ("queen_wal_bytes_total", "counter", "bytes written to WAL segments", writer.bytes_written),
             ("queen_wal_fsync_seconds_total", "counter", "time spent in write+fsync of WAL frames", round(writer.fsync_seconds_total, 6)),
+            ("queen_wal_inline_commits_total", "counter", "frames written and fsynced on the event loop rather than the disk thread", writer.inline_commits),
             ("queen_wal_failed", "gauge", "1 when a write or fsync failed and writes are refused", int(writer.failed is not None)),
             ("queen_snapshots_total", "counter", "snapshots written", writer.snapshots_written),
             ("queen_version", "gauge", "the last durable version", writer.durable_version),
+            ("queen_version_ceiling", "gauge", "versions up to this are reserved on disk; a restart continues above it", writer.ceiling),
             ("queen_rows", "gauge", "rows held in memory (expired rows not yet freed included)", rows),
         ]
         out = []
