@@ -35,6 +35,10 @@ class Config:
     value_bytes_max: int = _opt(256 << 10, "largest KV value, measured as its JSON encoding", "BYTES")
     ns_bytes_max: int = _opt(128, "longest KV namespace", "BYTES")
     key_bytes_max: int = _opt(1024, "longest KV key (a lock permit's key is its name, '#' and its slot)", "BYTES")
+    pop_bytes_max: int = _opt(4 << 20, "payload bytes one pop answers at most (it always holds at least one message)", "BYTES")
+    partitions_per_queue_max: int = _opt(100_000, "partitions one queue may have; a push that would open one more is failed (partition_limit)", "N")
+    queues_max: int = _opt(10_000, "queues the server holds; a push, pop or configure that would create one more answers storage_full", "N")
+    queue_bytes_max: int = _opt(1 << 30, "payload bytes (and producer ids kept for dedupe) all queues retain; past it a push is failed (storage_full)", "BYTES")
     segment_bytes_max: int = _opt(64 << 20, "a WAL segment file is allocated at this size when created, and a new one started once it is full", "BYTES")
     snapshot_wal_bytes: int = _opt(32 << 20, "take a snapshot once this many WAL bytes were written since the last one; then covered segments are deleted", "BYTES")
     shutdown_grace_s: float = _opt(10.0, "on SIGTERM/SIGINT, time allowed for in-flight requests before connections are cut", "SECONDS")
@@ -45,7 +49,9 @@ class Config:
 
     def limits(self) -> Limits:
         return Limits(ns_bytes_max=self.ns_bytes_max, key_bytes_max=self.key_bytes_max,
-                      value_bytes_max=self.value_bytes_max, ops_per_call_max=self.ops_per_call_max)
+                      value_bytes_max=self.value_bytes_max, ops_per_call_max=self.ops_per_call_max,
+                      pop_bytes_max=self.pop_bytes_max, partitions_per_queue_max=self.partitions_per_queue_max,
+                      queues_max=self.queues_max, queue_bytes_max=self.queue_bytes_max)
 
 
 def config_fields():

@@ -34,6 +34,26 @@ class Limits:
     lock_slots_per_call_max: int = 4096
     # A parked request holds a connection; a minute is as long as a poll should hang.
     wait_ms_max: int = 60_000
+    # Queues. Names are identifiers, not documents; a partition name often embeds an entity id.
+    queue_name_bytes_max: int = 128
+    partition_name_bytes_max: int = 256
+    group_name_bytes_max: int = 128
+    transaction_id_bytes_max: int = 256
+    trace_id_bytes_max: int = 128
+    ack_error_bytes_max: int = 1024
+    # One pop's answer: enough to amortize a round trip, small enough for one frame and one read.
+    pop_batch_max: int = 1000
+    pop_partitions_max: int = 64
+    pop_bytes_max: int = 4 << 20
+    # A lease outliving a day is a consumer nobody watches.
+    lease_seconds_max: int = 86_400
+    # Each group costs a floor and a bitmap per partition, and holds retention back.
+    groups_per_queue_max: int = 64
+    # Everything lives in memory and in snapshots, so every count has a ceiling: reaching one is a
+    # normal answer (failed / storage_full), not an error.
+    partitions_per_queue_max: int = 100_000
+    queues_max: int = 10_000
+    queue_bytes_max: int = 1 << 30
 
     def problems(self) -> list[str]:
         """Sentences for combinations that cannot work; empty when sound."""

@@ -13,6 +13,20 @@ encoding"), and a frame holds hundreds of records.
 | 2    | delete    | ns, key, version                                                                   | version         |
 | 3    | ceiling   | version_max                                                                        | no              |
 | 4    | segment_cut | next_segment                                                                     | no              |
+| 16   | queue_set | version, queue, created_at_ms, options                                             | version         |
+| 17   | queue_delete | version, queue                                                                  | version         |
+| 18   | partition | version (the partition id), queue, name, created_at_ms                            | version         |
+| 19   | append    | version (the message id), queue, partition_id, offset, transaction_id, data, trace_id, created_at_ms, available_at_ms, dedupe_until_ms | version |
+| 20   | group_join | version, queue, group, mode, joined_at_ms                                         | version         |
+| 21   | group_delete | version, queue, group                                                           | version         |
+| 22   | grant     | version (the lease id), queue, group, acquired_at_ms, expires_at_ms, auto_ack, deliveries | version   |
+| 23   | message_state | version, queue, group, partition_id, offset, state, retry_count, error, at_ms  | version         |
+| 24   | lease_end | version, queue, group, lease_id, partition_id, at_ms                               | version         |
+| 25   | lease_extend | version, queue, group, lease_id, expires_at_ms                                  | version         |
+| 26   | remove    | version, queue, partition_id, below_offset, dlq_too, at_ms                         | version         |
+| 27   | group_partition | queue, group, partition_id, floor, resolved, retries, dlq                    | no (snapshots)  |
+| 28   | dedupe    | queue, partition_id, transaction_id, offset, message_id, created_at_ms, until_ms   | no (snapshots)  |
+| 29   | partition_state | queue, partition_id, next_offset, removed_below                              | no (snapshots)  |
 
 - put: the row (ns, key) now holds value at version; expires_at_ms 0 = forever. Lock permits are
   rows of the namespace `queen-locks` (their value is the owner).
@@ -24,8 +38,35 @@ encoding"), and a frame holds hundreds of records.
 - segment_cut: the last record of a segment that was closed; the next one exists and is
   next_segment. A newest segment that went missing is noticed through it.
 
+Queues (kinds 16-29; every count and id is an integer, every name a string):
+- queue_set: the queue exists with these options (a map of every option's canonical name to its
+  value), created at created_at_ms.
+- queue_delete: the queue and everything of it (partitions, messages, groups, leases) is gone.
+- partition: a partition named name exists in queue, with this id.
+- append: a message at offset of a partition. transaction_id is the producer's, or null when it
+  gave none (the message's id is then `queen:<offset>`); dedupe_until_ms is when that producer id
+  may be forgotten once the message is gone (0 without one). data is any value; trace_id a string
+  or null.
+- group_join: a consumer group joined the queue; mode "all" or "new" (a "new" group counts every
+  message already appended as resolved).
+- group_delete: the group and all its state in the queue are gone; its leases end.
+- grant: a pop. deliveries is an array of [partition_id, [offset, ...]]; with auto_ack the
+  messages are completed at once and no lease exists (expires_at_ms 0).
+- message_state: a delivered or dead-lettered message of a group changed state: "completed",
+  "pending" (back for redelivery, retry_count its new count), "dlq" (with error), or "purged"
+  (a DLQ entry dropped).
+- lease_end: the lease no longer holds partition_id (0: any partition) for the group.
+- lease_extend: the lease now ends at expires_at_ms.
+- remove: retention removed the partition's messages below below_offset (those in a group's DLQ
+  too when dlq_too, otherwise they stay); groups behind it move up.
+- group_partition, dedupe and partition_state appear only in snapshots: one group's state in one partition (its
+  floor, the resolved offsets above it as a serialized roaring bitmap, [offset, retry_count, ...]
+  and [offset, error, at_ms, ...] of its DLQ), a producer id whose message is gone but whose dedupe
+  window is open, and a partition's next offset and the offset below which everything was removed
+  (its messages may all be gone).
+
 Versions are global, dense and rising: every versioned record takes the next one, in log order.
-Kinds 16 and up are kept for queues and timers. A kind this build does not know is refused as
+Kinds 30 and up are kept for timers. A kind this build does not know is refused as
 "written by a newer build": guessing at it could only lose data.
 
 Pure: no I/O. Encoders append to a flat list (the frame's); `decode` turns a flat list back into
@@ -45,6 +86,20 @@ class Kind(enum.IntEnum):
     DELETE = 2
     CEILING = 3
     SEGMENT_CUT = 4
+    QUEUE_SET = 16
+    QUEUE_DELETE = 17
+    PARTITION = 18
+    APPEND = 19
+    GROUP_JOIN = 20
+    GROUP_DELETE = 21
+    GRANT = 22
+    MESSAGE_STATE = 23
+    LEASE_END = 24
+    LEASE_EXTEND = 25
+    REMOVE = 26
+    GROUP_PARTITION = 27
+    DEDUPE = 28
+    PARTITION_STATE = 29
 
 
 class RecordError(Exception):
@@ -80,7 +135,131 @@ class SegmentCut(NamedTuple):
     next_segment: int
 
 
-Record = Put | Delete | Ceiling | SegmentCut
+class QueueSet(NamedTuple):
+    version: int
+    queue: str
+    created_at_ms: int
+    options: dict
+
+
+class QueueDelete(NamedTuple):
+    version: int
+    queue: str
+
+
+class PartitionCreate(NamedTuple):
+    version: int
+    queue: str
+    name: str
+    created_at_ms: int
+
+
+class Append(NamedTuple):
+    version: int
+    queue: str
+    partition_id: int
+    offset: int
+    transaction_id: str | None
+    data: object
+    trace_id: str | None
+    created_at_ms: int
+    available_at_ms: int
+    dedupe_until_ms: int
+
+
+class GroupJoin(NamedTuple):
+    version: int
+    queue: str
+    group: str
+    mode: str
+    joined_at_ms: int
+
+
+class GroupDelete(NamedTuple):
+    version: int
+    queue: str
+    group: str
+
+
+class Grant(NamedTuple):
+    version: int
+    queue: str
+    group: str
+    acquired_at_ms: int
+    expires_at_ms: int
+    auto_ack: bool
+    deliveries: list
+
+
+class MessageState(NamedTuple):
+    version: int
+    queue: str
+    group: str
+    partition_id: int
+    offset: int
+    state: str
+    retry_count: int
+    error: str | None
+    at_ms: int
+
+
+class LeaseEnd(NamedTuple):
+    version: int
+    queue: str
+    group: str
+    lease_id: int
+    partition_id: int
+    at_ms: int
+
+
+class LeaseExtend(NamedTuple):
+    version: int
+    queue: str
+    group: str
+    lease_id: int
+    expires_at_ms: int
+
+
+class Remove(NamedTuple):
+    version: int
+    queue: str
+    partition_id: int
+    below_offset: int
+    dlq_too: bool
+    at_ms: int
+
+
+class GroupPartition(NamedTuple):
+    queue: str
+    group: str
+    partition_id: int
+    floor: int
+    resolved: bytes
+    retries: list
+    dlq: list
+
+
+class PartitionState(NamedTuple):
+    queue: str
+    partition_id: int
+    next_offset: int
+    removed_below: int
+
+
+class Dedupe(NamedTuple):
+    queue: str
+    partition_id: int
+    transaction_id: str
+    offset: int
+    message_id: int
+    created_at_ms: int
+    until_ms: int
+
+
+QUEUE_RECORDS = (QueueSet, QueueDelete, PartitionCreate, Append, GroupJoin, GroupDelete, Grant, MessageState, LeaseEnd,
+                 LeaseExtend, Remove, GroupPartition, Dedupe, PartitionState)
+Record = Put | Delete | Ceiling | SegmentCut | QueueSet | QueueDelete | PartitionCreate | Append | GroupJoin | \
+    GroupDelete | Grant | MessageState | LeaseEnd | LeaseExtend | Remove | GroupPartition | Dedupe | PartitionState
 
 _PUT, _DELETE, _CEILING, _SEGMENT_CUT = int(Kind.PUT), int(Kind.DELETE), int(Kind.CEILING), int(Kind.SEGMENT_CUT)
 
@@ -104,13 +283,63 @@ def segment_cut(out: list, next_segment: int) -> None:
     out += (_SEGMENT_CUT, next_segment)
 
 
+def queue_set(out: list, version: int, queue: str, created_at_ms: int, options: dict) -> None:
+    out += (16, version, queue, created_at_ms, options)
+
+
+def queue_delete(out: list, version: int, queue: str) -> None:
+    out += (17, version, queue)
+
+
+def partition(out: list, version: int, queue: str, name: str, created_at_ms: int) -> None:
+    out += (18, version, queue, name, created_at_ms)
+
+
+def append(out: list, version: int, queue: str, partition_id: int, offset: int, transaction_id, data, trace_id,
+           created_at_ms: int, available_at_ms: int, dedupe_until_ms: int) -> None:
+    out += (19, version, queue, partition_id, offset, transaction_id, data, trace_id, created_at_ms, available_at_ms,
+            dedupe_until_ms)
+
+
+def group_join(out: list, version: int, queue: str, group: str, mode: str, joined_at_ms: int) -> None:
+    out += (20, version, queue, group, mode, joined_at_ms)
+
+
+def group_delete(out: list, version: int, queue: str, group: str) -> None:
+    out += (21, version, queue, group)
+
+
+def grant(out: list, version: int, queue: str, group: str, acquired_at_ms: int, expires_at_ms: int, auto_ack: bool,
+          deliveries: list) -> None:
+    out += (22, version, queue, group, acquired_at_ms, expires_at_ms, auto_ack, deliveries)
+
+
+def message_state(out: list, version: int, queue: str, group: str, partition_id: int, offset: int, state: str,
+                  retry_count: int, error, at_ms: int) -> None:
+    out += (23, version, queue, group, partition_id, offset, state, retry_count, error, at_ms)
+
+
+def lease_end(out: list, version: int, queue: str, group: str, lease_id: int, partition_id: int, at_ms: int) -> None:
+    out += (24, version, queue, group, lease_id, partition_id, at_ms)
+
+
+def lease_extend(out: list, version: int, queue: str, group: str, lease_id: int, expires_at_ms: int) -> None:
+    out += (25, version, queue, group, lease_id, expires_at_ms)
+
+
+def remove(out: list, version: int, queue: str, partition_id: int, below_offset: int, dlq_too: bool, at_ms: int) -> None:
+    out += (26, version, queue, partition_id, below_offset, dlq_too, at_ms)
+
+
 def encode(out: list, record: Record) -> None:
     """Append a typed record (as `decode` gives them) to a flat list."""
     out.append(_KIND_OF[type(record)])
     out += record
 
 
-_KIND_OF = {Put: _PUT, Delete: _DELETE, Ceiling: _CEILING, SegmentCut: _SEGMENT_CUT}
+_KIND_OF = {Put: _PUT, Delete: _DELETE, Ceiling: _CEILING, SegmentCut: _SEGMENT_CUT, QueueSet: 16, QueueDelete: 17,
+            PartitionCreate: 18, Append: 19, GroupJoin: 20, GroupDelete: 21, Grant: 22, MessageState: 23, LeaseEnd: 24,
+            LeaseExtend: 25, Remove: 26, GroupPartition: 27, Dedupe: 28, PartitionState: 29}
 
 
 # -- decoding ---------------------------------------------------------------------------------------
@@ -132,12 +361,57 @@ def _check_delete(f) -> bool:
     return type(f[0]) is str and type(f[1]) is str and _version(f[2])
 
 
+def _str(raw) -> bool:
+    return type(raw) is str
+
+
+def _opt_str(raw) -> bool:
+    return raw is None or type(raw) is str
+
+
+def _int(raw) -> bool:
+    return type(raw) is int and 0 <= raw <= INT64_MAX
+
+
+def _check_grant(f) -> bool:
+    if not (_version(f[0]) and _str(f[1]) and _str(f[2]) and _time(f[3]) and _time(f[4]) and type(f[5]) is bool
+            and type(f[6]) is list):
+        return False
+    for delivery in f[6]:
+        if type(delivery) is not list or len(delivery) != 2 or not _version(delivery[0]) or type(delivery[1]) is not list:
+            return False
+        if not all(_int(offset) for offset in delivery[1]):
+            return False
+    return True
+
+
+_STATES = frozenset(("completed", "pending", "dlq", "purged"))
+
 # kind -> (record type, field count, field check)
 _SCHEMA = {
     _PUT: (Put, 8, _check_put),
     _DELETE: (Delete, 3, _check_delete),
     _CEILING: (Ceiling, 1, lambda f: _version(f[0])),
     _SEGMENT_CUT: (SegmentCut, 1, lambda f: type(f[0]) is int and 1 <= f[0] <= INT64_MAX),
+    16: (QueueSet, 4, lambda f: _version(f[0]) and _str(f[1]) and _time(f[2]) and type(f[3]) is dict),
+    17: (QueueDelete, 2, lambda f: _version(f[0]) and _str(f[1])),
+    18: (PartitionCreate, 4, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _time(f[3])),
+    19: (Append, 10, lambda f: _version(f[0]) and _str(f[1]) and _version(f[2]) and _int(f[3]) and _opt_str(f[4])
+         and _opt_str(f[6]) and _time(f[7]) and _time(f[8]) and _time(f[9])),
+    20: (GroupJoin, 5, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and f[3] in ("all", "new") and _time(f[4])),
+    21: (GroupDelete, 3, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2])),
+    22: (Grant, 7, _check_grant),
+    23: (MessageState, 9, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _version(f[3]) and _int(f[4])
+         and f[5] in _STATES and _int(f[6]) and _opt_str(f[7]) and _time(f[8])),
+    24: (LeaseEnd, 6, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _version(f[3]) and _int(f[4]) and _time(f[5])),
+    25: (LeaseExtend, 5, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _version(f[3]) and _time(f[4])),
+    26: (Remove, 6, lambda f: _version(f[0]) and _str(f[1]) and _version(f[2]) and _int(f[3]) and type(f[4]) is bool
+         and _time(f[5])),
+    27: (GroupPartition, 7, lambda f: _str(f[0]) and _str(f[1]) and _version(f[2]) and _int(f[3]) and type(f[4]) is bytes
+         and type(f[5]) is list and type(f[6]) is list),
+    28: (Dedupe, 7, lambda f: _str(f[0]) and _version(f[1]) and _str(f[2]) and _int(f[3]) and _version(f[4]) and _time(f[5])
+         and _time(f[6])),
+    29: (PartitionState, 4, lambda f: _str(f[0]) and _version(f[1]) and _int(f[2]) and _int(f[3]) and f[3] <= f[2]),
 }
 
 
@@ -164,12 +438,14 @@ def decode(flat) -> list[Record]:
     return records
 
 
+_UNVERSIONED = (Ceiling, SegmentCut, GroupPartition, Dedupe, PartitionState)
+
+
 def version_of(record: Record) -> int:
     """The version a record took, or 0 for the kinds that take none."""
-    kind = type(record)
-    if kind is Put or kind is Delete:
-        return record.version
-    return 0
+    if type(record) in _UNVERSIONED:
+        return 0
+    return record.version
 
 
 def versions_of(records: list[Record]) -> tuple[int, int]:

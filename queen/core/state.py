@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import zlib
 
+from queen.core import queues as queue_state
+from queen.core import records as rec
 from queen.core.kv import LOCKS_NS, KvOp, VersionCounter, snapshot_records
+from queen.core.limits import Limits
 from queen.core.shard import ShardState
 from queen.core.txn import apply_transaction
 
@@ -43,6 +46,14 @@ _LOCKS_SEED = zlib.crc32(LOCKS_NS.encode() + b"\x00")
 def shard_of_lock(name: str, shard_count: int) -> int:
     """shard_of(LOCKS_NS, name + "#" + any slot), without building the key."""
     return zlib.crc32(name.encode(), _LOCKS_SEED) % shard_count
+
+
+_QUEUES_SEED = zlib.crc32(b"queen-queues\x00")
+
+
+def shard_of_queue(name: str, shard_count: int) -> int:
+    """Everything of one queue lives on one shard: its partitions, groups, leases and timers."""
+    return zlib.crc32(name.encode(), _QUEUES_SEED) % shard_count
 
 
 # -- steps --------------------------------------------------------------------------------------------
@@ -83,6 +94,12 @@ class Abandon:
         self.reply_to = reply_to
 
 
+class Drain:
+    """The server is stopping: every parked pop is answered now (503)."""
+
+    __slots__ = ()
+
+
 class Applied:
     """What a step did: answers [(reply_to, position, result)], records (a flat list for the WAL)
     and the versions they took (0, 0 when none)."""
@@ -97,9 +114,13 @@ class Applied:
 
 
 class State:
-    def __init__(self, shard_count: int, now_ms: int, versions: VersionCounter | None = None):
+    def __init__(self, shard_count: int, now_ms: int, versions: VersionCounter | None = None,
+                 limits: Limits | None = None):
         self.versions = versions or VersionCounter()
-        self.shards = [ShardState(self.versions, now_ms) for _ in range(shard_count)]
+        self.limits = limits or Limits()
+        # Shared by every shard's queues: capacity counters, and which queue an id belongs to.
+        self.queues = queue_state.Shared()
+        self.shards = [ShardState(self.versions, now_ms, self.limits, self.queues) for _ in range(shard_count)]
         self.shard_count = shard_count
 
     def apply(self, step, now_ms: int) -> Applied:
@@ -124,9 +145,15 @@ class State:
             touched = self.shards
             for shard in touched:
                 shard.locks.tick(now_ms, records)
+                shard.queues.tick(now_ms, records)
         elif kind is Abandon:
             touched = (self.shards[step.shard],)
             touched[0].locks.abandon(step.reply_to)
+            touched[0].queues.abandon(step.reply_to)
+        elif kind is Drain:
+            touched = self.shards
+            for shard in touched:
+                shard.queues.drain()
         else:
             raise TypeError(f"not a step: {step!r}")
         for shard in touched:
@@ -135,6 +162,11 @@ class State:
             if locks.resolved:
                 answers += locks.resolved
                 locks.resolved = []
+            queues = shard.queues
+            queues.after_step(now_ms, records)  # parked pops served by whatever this step changed
+            if queues.resolved:
+                answers += queues.resolved
+                queues.resolved = []
         last = self.versions.last
         if last == before:
             return Applied(answers, records, 0, 0)
@@ -144,19 +176,26 @@ class State:
 
     def replay(self, record) -> None:
         """Re-apply one typed record from the WAL or a snapshot."""
-        self.shards[shard_of(record.ns, record.key, self.shard_count)].kv.replay(record)
+        if type(record) in rec.QUEUE_RECORDS:
+            self.shards[shard_of_queue(record.queue, self.shard_count)].queues.replay(record)
+        else:
+            self.shards[shard_of(record.ns, record.key, self.shard_count)].kv.replay(record)
 
     def snapshot_capture(self):
         """Copies of every shard's state, cheap to take at a batch edge; the function returned turns
         them into the snapshot's sections (run it off the event loop)."""
         copies = [shard.kv.snapshot_copy() for shard in self.shards]
+        queue_copies = [shard.queues.snapshot_copy() for shard in self.shards]
 
         def sections() -> dict[str, list]:
             kv: list = []
             locks: list = []
             for shard_copies in copies:
                 snapshot_records(shard_copies, kv, locks)
-            return {"kv": kv, "locks": locks}
+            queues: list = []
+            for shard_copies in queue_copies:
+                queue_state.snapshot_records(shard_copies, queues)
+            return {"kv": kv, "locks": locks, "queues": queues}
 
         return sections
 

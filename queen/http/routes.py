@@ -6,18 +6,40 @@ is parsed and checked whole before anything is sent to a shard, so a rejected ca
 
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qs, unquote
 
-from queen.core.kv import READ_OPS, check_fields, decode_cursor, parse_kv_op, parse_kv_ops
+from queen.core.kv import (
+    READ_OPS,
+    check_fields,
+    decode_cursor,
+    encode_cursor,
+    parse_kv_op,
+    parse_kv_ops,
+)
 from queen.core.limits import Limits
 from queen.core.locks import parse_lock_ops
+from queen.core.queue_ops import (
+    Configure,
+    LeaseCall,
+    QueueAdmin,
+    check_params,
+    decode_dlq_cursor,
+    group_name,
+    page_limit,
+    parse_ack,
+    parse_acks,
+    parse_configure,
+    parse_extend,
+    parse_pop,
+    parse_push,
+    parse_requeue,
+    queue_name,
+)
 from queen.core.txn import LATER_SECTIONS, SECTIONS, check_transaction_ops
 from queen.errors import BadRequest, QueenError
 from queen.http.codec import CBOR, decode_body, encode_body
 from queen.http.connection import Request, Response
-
-API = "/api/v1/"
-KV_PREFIX = "/api/v1/kv/"
 
 
 class NotFound(QueenError):
@@ -29,36 +51,64 @@ class MethodNotAllowed(QueenError):
 
 
 class Api:
+    """The routes, as a table: method and path pattern to handler. Every handler takes the request,
+    the path's captured parts and the query parameters, and returns the answer's document."""
+
     def __init__(self, router, limits: Limits, metrics=None):
         self.router = router
         self.limits = limits
         self.metrics = metrics
+        # Exact paths first (the hot ones are looked up in one dict), then patterns in order.
+        self.exact: dict[str, dict[bytes, object]] = {
+            "/api/v1/kv": {b"POST": self._kv_batch},
+            "/api/v1/locks": {b"POST": self._locks, b"GET": self._list_locks},
+            "/api/v1/transaction": {b"POST": self._transaction},
+            "/api/v1/configure": {b"POST": self._configure},
+            "/api/v1/push": {b"POST": self._push},
+            "/api/v1/ack": {b"POST": self._ack},
+            "/api/v1/ack/batch": {b"POST": self._ack_batch},
+            "/api/v1/dlq": {b"GET": self._dlq, b"DELETE": self._dlq_purge},
+            "/api/v1/dlq/requeue": {b"POST": self._dlq_requeue},
+            "/api/v1/resources/queues": {b"GET": self._queues},
+        }
+        self.patterns: list[tuple[re.Pattern, dict[bytes, object]]] = [
+            (re.compile(r"/api/v1/kv/(.+)"), {b"GET": self._kv_one_key, b"PUT": self._kv_one_key,
+                                              b"DELETE": self._kv_one_key, b"POST": self._kv_one_key}),
+            (re.compile(r"/api/v1/pop/queue/([^/]+)"), {b"GET": self._pop}),
+            (re.compile(r"/api/v1/pop/queue/([^/]+)/partition/([^/]+)"), {b"GET": self._pop}),
+            (re.compile(r"/api/v1/lease/([^/]+)/(extend|release)"), {b"POST": self._lease}),
+            (re.compile(r"/api/v1/resources/queues/([^/]+)"), {b"GET": self._queue_info, b"DELETE": self._queue_delete}),
+            (re.compile(r"/api/v1/resources/queues/([^/]+)/partitions"), {b"GET": self._partitions}),
+            (re.compile(r"/api/v1/consumer-groups/([^/]+)/queues/([^/]+)"), {b"DELETE": self._group_delete}),
+        ]
 
     async def handle(self, request: Request) -> Response:
         target = request.target.decode("latin-1")
         path, _, query = target.partition("?")
         method = request.method
-        if path == "/api/v1/kv":
-            _allow(method, b"POST")
-            return self._reply(request, await self._kv_batch(request))
-        if path.startswith(KV_PREFIX):
-            return self._reply(request, await self._kv_one_key(request, method, path[len(KV_PREFIX):], query))
-        if path == "/api/v1/locks":
-            if method == b"GET":
-                return self._reply(request, await self._list_locks(query))
-            _allow(method, b"POST", b"GET")
-            return self._reply(request, await self._locks(request))
-        if path == "/api/v1/transaction":
-            _allow(method, b"POST")
-            return self._reply(request, await self._transaction(request))
-        if path == "/healthz":
-            _allow(method, b"GET")
-            return self._health(request)
-        if path == "/metrics":
-            _allow(method, b"GET")
-            text = self.metrics() if self.metrics is not None else ""
-            return Response(200, text.encode(), b"text/plain; version=0.0.4")
-        raise NotFound("not_found", f"no route {path}", {"path": path[:200]})
+        handlers = self.exact.get(path)
+        parts: tuple = ()
+        if handlers is None:
+            if path == "/healthz":
+                _allow(method, b"GET")
+                return self._health(request)
+            if path == "/metrics":
+                _allow(method, b"GET")
+                text = self.metrics() if self.metrics is not None else ""
+                return Response(200, text.encode(), b"text/plain; version=0.0.4")
+            for pattern, candidates in self.patterns:
+                match = pattern.fullmatch(path)
+                if match is not None:
+                    handlers, parts = candidates, match.groups()
+                    break
+            else:
+                raise NotFound("not_found", f"no route {path}", {"path": path[:200]})
+        handler = handlers.get(method)
+        if handler is None:
+            names = sorted(m.decode() for m in handlers)
+            raise MethodNotAllowed("method_not_allowed", f"{method.decode()} is not allowed here; use {' or '.join(names)}",
+                                   {"allow": names})
+        return self._reply(request, await handler(request, parts, query))
 
     def _reply(self, request: Request, document, status: int = 200) -> Response:
         body, content_type = encode_body(document, request.accept.startswith(b"application/cbor"))
@@ -74,15 +124,16 @@ class Api:
 
     # -- KV --------------------------------------------------------------------------------------
 
-    async def _kv_batch(self, request: Request):
+    async def _kv_batch(self, request: Request, parts, query):
         document = decode_body(request.body, request.content_type)
         _check_batch_body(document)
         ops = parse_kv_ops(document.get("operations"), self.limits, values_checked=self._values_checked(request))
         has_writes = any(op.op not in READ_OPS for op in ops)
         return {"results": await self.router.run_kv(ops, has_writes)}
 
-    async def _kv_one_key(self, request: Request, method: bytes, rest: str, query: str):
-        ns_raw, slash, key_raw = rest.partition("/")
+    async def _kv_one_key(self, request: Request, parts, query: str):
+        method = request.method
+        ns_raw, slash, key_raw = parts[0].partition("/")
         ns = unquote(ns_raw)
         params = _query(query)
         if not slash or not key_raw:
@@ -119,13 +170,13 @@ class Api:
 
     # -- locks and transactions --------------------------------------------------------------------
 
-    async def _locks(self, request: Request):
+    async def _locks(self, request: Request, parts, query):
         document = decode_body(request.body, request.content_type)
         _check_batch_body(document)
         ops = parse_lock_ops(document.get("operations"), self.limits)
         return {"results": await self.router.run_locks(ops, wait_gone=request.wait_gone)}
 
-    async def _list_locks(self, query: str):
+    async def _list_locks(self, request: Request, parts, query: str):
         params = _query(query)
         prefix = params.get("prefix", "")
         if len(prefix.encode()) > self.limits.lock_name_bytes_max:
@@ -135,7 +186,7 @@ class Api:
             raise BadRequest("invalid_limit", f"limit must be from 1 to {self.limits.page_items_max}")
         return await self.router.list_permits(prefix, decode_cursor(params.get("cursor")), limit)
 
-    async def _transaction(self, request: Request):
+    async def _transaction(self, request: Request, parts, query):
         document = decode_body(request.body, request.content_type)
         if type(document) is not dict:
             raise BadRequest("invalid_body", 'the body must be an object: {"kv": [...]}')
@@ -151,6 +202,100 @@ class Api:
         ops = parse_kv_ops(document.get("kv"), self.limits)
         check_transaction_ops(ops)
         return await self.router.run_transaction(ops)
+
+    # -- queues -------------------------------------------------------------------------------------
+
+    async def _configure(self, request: Request, parts, query):
+        queue, changes = parse_configure(decode_body(request.body, request.content_type), self.limits)
+        return await self.router.run_queue(queue, Configure(queue, changes))
+
+    async def _push(self, request: Request, parts, query):
+        items = parse_push(decode_body(request.body, request.content_type), self.limits)
+        return await self.router.push(items)
+
+    async def _pop(self, request: Request, parts, query):
+        queue = unquote(parts[0])
+        partition = unquote(parts[1]) if len(parts) > 1 else None
+        op = parse_pop(queue, partition, _query(query), self.limits)
+        return await self.router.run_queue(queue, op, wait_gone=request.wait_gone)
+
+    async def _ack(self, request: Request, parts, query):
+        [result] = await self.router.ack([parse_ack(decode_body(request.body, request.content_type), self.limits)])
+        result.pop("index", None)
+        return result
+
+    async def _ack_batch(self, request: Request, parts, query):
+        return await self.router.ack(parse_acks(decode_body(request.body, request.content_type), self.limits))
+
+    async def _lease(self, request: Request, parts, query):
+        lease_raw, action = parts
+        document = decode_body(request.body, request.content_type) if request.body else None
+        if action == "release":
+            if document not in (None, {}):
+                raise BadRequest("unknown_field", "release takes no fields: send {} or no body")
+            lease_id, _ = parse_extend(lease_raw, None, self.limits)
+            return await self.router.lease_call(LeaseCall("release", lease_id))
+        lease_id, seconds = parse_extend(lease_raw, document, self.limits)
+        return await self.router.lease_call(LeaseCall("extend", lease_id, seconds))
+
+    async def _dlq(self, request: Request, parts, query):
+        params = _query(query)
+        check_params(params, _DLQ_PARAMS)
+        queue = queue_name(params.get("queue"), self.limits)
+        group = params.get("consumerGroup")
+        group = None if group is None else group_name(group, self.limits)
+        partition = params.get("partition")
+        skip = _int_param(params, "offset") if "offset" in params else 0
+        op = QueueAdmin("dlq", queue, group=group, partition=partition, cursor=decode_dlq_cursor(params.get("cursor")), skip=skip,
+                        limit=page_limit(params, self.limits))
+        return await self.router.run_queue(queue, op)
+
+    async def _dlq_purge(self, request: Request, parts, query):
+        params = _query(query)
+        check_params(params, frozenset(("queue", "consumerGroup")))
+        queue = queue_name(params.get("queue"), self.limits)
+        group = params.get("consumerGroup")
+        group = None if group is None else group_name(group, self.limits)
+        return await self.router.run_queue(queue, QueueAdmin("purge", queue, group=group))
+
+    async def _dlq_requeue(self, request: Request, parts, query):
+        queue, group, items = parse_requeue(decode_body(request.body, request.content_type), self.limits)
+        return await self.router.run_queue(queue, QueueAdmin("requeue", queue, group=group, items=items))
+
+    async def _queues(self, request: Request, parts, query):
+        params = _query(query)
+        check_params(params, frozenset(("prefix", "cursor", "limit")))
+        after = decode_cursor(params.get("cursor"))
+        return await self.router.list_queues(params.get("prefix", ""), after, page_limit(params, self.limits))
+
+    async def _queue_info(self, request: Request, parts, query):
+        check_params(_query(query), frozenset())
+        queue = queue_name(unquote(parts[0]), self.limits)
+        return await self.router.run_queue(queue, QueueAdmin("info", queue))
+
+    async def _queue_delete(self, request: Request, parts, query):
+        check_params(_query(query), frozenset())
+        queue = queue_name(unquote(parts[0]), self.limits)
+        return await self.router.run_queue(queue, QueueAdmin("delete", queue))
+
+    async def _partitions(self, request: Request, parts, query):
+        params = _query(query)
+        check_params(params, frozenset(("consumerGroup", "prefix", "cursor", "limit")))
+        queue = queue_name(unquote(parts[0]), self.limits)
+        group = params.get("consumerGroup")
+        group = None if group is None else group_name(group, self.limits)
+        after = decode_cursor(params.get("cursor"))
+        page = await self.router.run_queue(queue, QueueAdmin(
+            "partitions", queue, group=group, prefix=params.get("prefix", ""), cursor=after,
+            limit=page_limit(params, self.limits)))
+        return {"items": page["items"], "cursor": encode_cursor(page["after"]) if page["after"] is not None else None}
+
+    async def _group_delete(self, request: Request, parts, query):
+        params = _query(query)
+        check_params(params, frozenset(("deleteMetadata",)))
+        group = group_name(unquote(parts[0]), self.limits)
+        queue = queue_name(unquote(parts[1]), self.limits)
+        return await self.router.run_queue(queue, QueueAdmin("delete_group", queue, group=group))
 
     def _values_checked(self, request: Request) -> bool:
         """A JSON body decoded by orjson re-encodes to valid JSON, and (floats such as 1e2 can grow
@@ -172,6 +317,7 @@ class Api:
         return (await self.router.run_kv([op], op.op not in READ_OPS))[0]
 
 
+_DLQ_PARAMS = frozenset(("queue", "consumerGroup", "partition", "cursor", "limit", "offset"))
 _PUT_BODY = frozenset(("value", "ttlSeconds", "forever", "expect", "ifAbsent"))
 _INCR_BODY = frozenset(("by", "max", "min", "ttlSeconds", "forever", "expect"))
 _BATCH_BODY = frozenset(("operations",))

@@ -9,7 +9,8 @@ import trio
 
 from queen.core.kv import LOCKS_NS, KvOp, encode_cursor
 from queen.core.locks import LockOp
-from queen.core.state import Abandon, Tick, Transaction, shard_of, shard_of_lock
+from queen.core.queue_ops import AckItem, Acks, LeaseCall, PopOp, Push, PushItem, QueueAdmin
+from queen.core.state import Abandon, Tick, Transaction, shard_of, shard_of_lock, shard_of_queue
 from queen.errors import Unavailable
 from queen.runtime.shard_actor import ShardActor
 from queen.runtime.steps import Call, StepRunner
@@ -25,8 +26,8 @@ class Router:
 
     def refuse_writes_if_unavailable(self) -> None:
         if self.writer.failed is not None:
-            raise Unavailable("not_durable", "the server cannot make writes durable (disk error); writes are refused until it is restarted",
-                              {"cause": str(self.writer.failed)})
+            raise Unavailable("not_durable", "the server cannot make writes durable (a disk error, or an internal error: "
+                              "see its log); writes are refused until it is restarted", {"cause": str(self.writer.failed)})
         if self.draining:
             raise Unavailable("shutting_down", "the server is shutting down")
 
@@ -95,15 +96,7 @@ class Router:
                 waiting_shards.append(shard)
         await self._send_parts(parts)
         if waiting_shards and wait_gone is not None:
-            async with trio.open_nursery() as nursery:
-                async def abandon_when_gone():
-                    await wait_gone()
-                    for shard in waiting_shards:
-                        await self._send(shard, Abandon(shard, call))
-
-                nursery.start_soon(abandon_when_gone)
-                await call.done.wait()
-                nursery.cancel_scope.cancel()
+            await self._wait_or_abandon(call, waiting_shards, wait_gone)
         else:
             await call.done.wait()
         if call.error is not None:
@@ -114,6 +107,89 @@ class Router:
             result["index"] = position
             result["op"] = op.op
         return results
+
+    # -- queues ------------------------------------------------------------------------------------
+
+    def queue_shard(self, queue: str) -> int:
+        return shard_of_queue(queue, self.shard_count) if self.shard_count > 1 else 0
+
+    def _shard_of_partition(self, partition_id: int) -> int:
+        queue = self.steps.state.queues.partition_queue.get(partition_id)
+        return self.queue_shard(queue) if queue is not None else 0  # unknown: answered lease_lost there
+
+    def _shard_of_lease(self, lease_id: int) -> int:
+        queue = self.steps.state.queues.lease_queue.get(lease_id)
+        return self.queue_shard(queue) if queue is not None else 0
+
+    async def run_queue(self, queue: str | None, op, wait_gone=None, shard: int | None = None):
+        """One queue operation on its queue's shard. A pop with waitMs may park; if `wait_gone`
+        returns meanwhile (the client hung up), it is answered cancelled, never handed anything."""
+        if type(op) in (PopOp, LeaseCall) or (type(op) is QueueAdmin and op.kind in _ADMIN_WRITES):
+            self.refuse_writes_if_unavailable()
+        shard = self.queue_shard(queue) if shard is None else shard
+        call = Call(1, 1)
+        await self._send(shard, [(call, 0, op)])
+        if type(op) is PopOp and op.wait_ms and wait_gone is not None:
+            await self._wait_or_abandon(call, [shard], wait_gone)
+        else:
+            await call.done.wait()
+        if call.error is not None:
+            raise call.error
+        return _checked(call.results[0])
+
+    async def push(self, items: list[PushItem]) -> list[dict]:
+        """Items go to their queues' shards, in order; the answer is one result per item, in order."""
+        self.refuse_writes_if_unavailable()
+        by_shard: dict[int, list] = {}
+        for item in items:
+            by_shard.setdefault(self.queue_shard(item.queue), []).append(item)
+        return await self._spread(by_shard, Push, len(items))
+
+    async def ack(self, items: list[AckItem]) -> list[dict]:
+        self.refuse_writes_if_unavailable()
+        by_shard: dict[int, list] = {}
+        for item in items:
+            by_shard.setdefault(self._shard_of_partition(item.partition_id), []).append(item)
+        return await self._spread(by_shard, Acks, len(items))
+
+    async def lease_call(self, op: LeaseCall) -> dict:
+        return await self.run_queue(None, op, shard=self._shard_of_lease(op.lease_id))
+
+    async def _spread(self, by_shard: dict[int, list], kind, count: int) -> list[dict]:
+        call = Call(len(by_shard), len(by_shard))
+        parts = {shard: [(call, slot, kind(items))] for slot, (shard, items) in enumerate(by_shard.items())}
+        await self._send_parts(parts)
+        await call.done.wait()
+        if call.error is not None:
+            raise call.error
+        results: list = [None] * count
+        for part in call.results:
+            for result in part:
+                results[result["index"]] = result
+        return results
+
+    async def list_queues(self, prefix: str, after: str | None, limit: int) -> dict:
+        """A page of the queue listing across every shard, in name order."""
+        call = Call(self.shard_count, self.shard_count)
+        parts = {shard: [(call, shard, QueueAdmin("list", None, prefix=prefix, after=after, limit=limit))]
+                 for shard in range(self.shard_count)}
+        await self._send_parts(parts)
+        await call.done.wait()
+        items = sorted((item for part in call.results for item in part), key=lambda item: item["queue"])
+        more = len(items) > limit
+        items = items[:limit]
+        return {"items": items, "cursor": encode_cursor(items[-1]["queue"]) if more else None}
+
+    async def _wait_or_abandon(self, call: Call, shards: list[int], wait_gone) -> None:
+        async with trio.open_nursery() as nursery:
+            async def abandon_when_gone():
+                await wait_gone()
+                for shard in shards:
+                    await self._send(shard, Abandon(shard, call))
+
+            nursery.start_soon(abandon_when_gone)
+            await call.done.wait()
+            nursery.cancel_scope.cancel()
 
     async def run_transaction(self, ops: list[KvOp]) -> dict:
         """All or nothing, as one step (so one frame), applied here across the shards it touches:
@@ -153,6 +229,22 @@ class Router:
         actor = self.actors[shard]
         if not actor.send_nowait(message):
             await actor.send_channel.send(message)
+
+
+_ADMIN_WRITES = frozenset(("requeue", "purge", "delete", "delete_group"))
+
+
+def _checked(result):
+    """A shard's answer, or the error it stands for: a refusal the state decided (a 400), or the
+    server stopping while the call was parked (503)."""
+    if type(result) is dict:
+        refused = result.get("_refused")
+        if refused is not None:
+            raise refused
+        unavailable = result.get("_unavailable")
+        if unavailable is not None:
+            raise Unavailable(*unavailable)
+    return result
 
 
 def _merge_prefix_pages(pages: list[dict], limit: int) -> dict:

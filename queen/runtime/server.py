@@ -78,7 +78,7 @@ class Server:
         config = self.config
         clock = Clock(self.wall_at_start_ms)
         count = config.shard_count
-        state = self.state = State(count, clock.now_ms())
+        state = self.state = State(count, clock.now_ms(), limits=config.limits())
 
         started = time.perf_counter()
         recovered = await trio.to_thread.run_sync(recover, config.data_dir, state.replay, self.disk)

@@ -10,11 +10,16 @@ version, token or fence a crash could take back.
 
 from __future__ import annotations
 
+import logging
+
 import trio
 
 from queen.clock import Clock
-from queen.core.state import State
+from queen.core.state import Ops, State, Transaction
+from queen.errors import QueenError
 from queen.wal.writer import WalWriter
+
+logger = logging.getLogger(__name__)
 
 
 class Call:
@@ -40,7 +45,11 @@ class StepRunner:
         self.steps_applied = 0
 
     def run(self, step) -> None:
-        applied = self.state.apply(step, self.clock.now_ms())
+        try:
+            applied = self.state.apply(step, self.clock.now_ms())
+        except Exception as error:
+            self._failed(step, error)
+            return
         self.steps_applied += 1
         writer = self.writer
         if applied.last_version:
@@ -51,3 +60,21 @@ class StepRunner:
             call.parts_left -= 1
             if not call.parts_left:
                 writer.when_durable(last, call)
+
+    def _failed(self, step, error: Exception) -> None:
+        """A bug stopped a step half way. Memory may now hold what the log does not: take no more
+        writes (503 until a restart rebuilds the state from the log), answer this step's calls 500,
+        and go on serving reads and health checks."""
+        logger.exception("event=step_failed step=%s action=refusing_writes hint='restart the server; "
+                         "its state is rebuilt from the log'", type(step).__name__)
+        self.writer.stop(error)
+        internal = QueenError("internal", "the server failed to handle this request; see its log", http_status=500)
+        calls = []
+        if type(step) is Ops:
+            calls = [item[0] for item in step.items]
+        elif type(step) is Transaction:
+            calls = [step.reply_to]
+        for call in calls:
+            if isinstance(call, Call) and not call.done.is_set():
+                call.error = internal
+                call.done.set()

@@ -16,6 +16,7 @@ Sections, each a flat array of records as queen/core/records.py defines them:
 | ------- | ----------------------------------------------------------------- |
 | kv      | put, one per live row of every namespace but queen-locks          |
 | locks   | put, one per held lock permit (the rows of queen-locks)           |
+| queues  | per queue: queue_set, its partitions and retained messages (append), its groups (group_join), each group's state per partition (group_partition), producer ids kept past their messages (dedupe), live leases (grant) |
 
 Queues and timers will add sections of their own. A section this build does not know is refused
 as written by a newer build, never skipped: skipping it would drop its state.
@@ -35,7 +36,7 @@ from queen.wal.frame import FORMAT_VERSION
 SNAPSHOT_MAGIC = b"QNSP"
 SNAPSHOT_HEADER = struct.Struct("<4sIQQQIQ")
 _CRC_FIELDS = struct.Struct("<QQQ")
-SECTIONS = ("kv", "locks")
+SECTIONS = ("kv", "locks", "queues")
 
 
 class SnapshotError(Exception):

@@ -75,7 +75,7 @@ class WalWriter:
         self._fsync_mean_s = 0.0
         self.durable_version = durable_version
         self.ceiling = ceiling  # the highest ceiling on disk
-        self.failed: OSError | None = None
+        self.failed: Exception | None = None  # a write or fsync error, or a step that failed
         self.segment_bytes_max = segment_bytes_max
         self.snapshot_wal_bytes = snapshot_wal_bytes
         # capture_state() -> a function that, run in the disk thread, returns the snapshot's
@@ -199,7 +199,13 @@ class WalWriter:
             self._inline = True
             logger.info("event=wal_commits_inline fsync_mean_ms=%.3f", self._fsync_mean_s * 1000)
 
-    def _fail(self, error: OSError) -> None:
+    def stop(self, error: Exception) -> None:
+        """Take no more writes: what is in memory can no longer be trusted to match the log."""
+        if self.failed is None:
+            self._fail(error)
+        self._work.set()
+
+    def _fail(self, error: Exception) -> None:
         self.failed = error
         logger.error("event=wal_failed error=%r action=refusing_writes records_unacknowledged=%d",
                      str(error), len(self._items))
@@ -304,7 +310,7 @@ class WalWriter:
         return removed
 
 
-def _unavailable(error: OSError) -> Unavailable:
+def _unavailable(error: Exception) -> Unavailable:
     # Not "nothing was written": after a failed fsync the frame may still reach the disk, so the
     # outcome is unknown, as after a crash. A retry with the same owner/expect converges.
     return Unavailable("not_durable", "the server could not make this call durable; its outcome is unknown "

@@ -31,7 +31,32 @@ ROUTES = [
     ("GET", "/metrics", None),
     ("PATCH", "/api/v1/kv", lambda r: {}),
     ("GET", "/api/v1/{key}", None),
+    ("POST", "/api/v1/configure", lambda r: {"queue": r.choice(["orders", "q2"]), "options": {
+        r.choice(["leaseTimeSeconds", "leaseTime", "retryLimit", "maxSize", "priority", "colour"]): r.randrange(0, 100)}}),
+    ("POST", "/api/v1/push", lambda r: {"items": [push_item(r) for _ in range(r.randrange(1, 4))]}),
+    ("GET", "/api/v1/pop/queue/orders?batch={number}&waitMs={number}&consumerGroup={key}&autoAck=true", None),
+    ("GET", "/api/v1/pop/queue/{key}/partition/{key}?partitions={number}&wait=true&timeout={number}", None),
+    ("POST", "/api/v1/ack", lambda r: ack_item(r)),
+    ("POST", "/api/v1/ack/batch", lambda r: {"consumerGroup": None, "acknowledgments": [ack_item(r) for _ in range(2)]}),
+    ("POST", "/api/v1/lease/{number}/extend", lambda r: {"seconds": r.randrange(0, 100)}),
+    ("POST", "/api/v1/lease/{number}/release", lambda r: {}),
+    ("GET", "/api/v1/dlq?queue={key}&limit={number}&cursor={key}", None),
+    ("POST", "/api/v1/dlq/requeue", lambda r: {"queue": "orders", "items": [{"partitionId": r.randrange(1, 9), "offset": 0}]}),
+    ("DELETE", "/api/v1/dlq?queue={key}", None),
+    ("GET", "/api/v1/resources/queues?prefix={key}&limit={number}", None),
+    ("GET", "/api/v1/resources/queues/{key}/partitions?consumerGroup={key}", None),
+    ("DELETE", "/api/v1/consumer-groups/{key}/queues/{key}", None),
 ]
+
+
+def push_item(r):
+    return {"queue": r.choice(["orders", "q2", "queen-x"]), "partition": r.choice(["p", "p2", None]),
+            "payload": value(r), "transactionId": r.choice([None, "t1", "t2", "queen:3"])}
+
+
+def ack_item(r):
+    return {"partitionId": r.randrange(1, 40), "leaseId": r.randrange(1, 60), "offset": r.randrange(0, 4),
+            "status": r.choice(["completed", "failed", "dlq", "retry"])}
 
 
 def key(r):

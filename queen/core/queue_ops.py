@@ -1,0 +1,501 @@
+"""Queue requests from their wire form: configure, push, pop, ack, lease extend and release, DLQ
+requeue, and the listings' parameters. Everything is checked here, before anything is applied: a
+request that breaks a rule is refused whole with a 400 and a snake_case code.
+
+Names follow the public Queen MQ broker where it has the thing (routes, `items`, `payload`,
+`acknowledgments`, `consumerGroup`, option aliases); its spellings that Queen does not implement
+are refused unless they ask for nothing (an option at its "off" value), so a migrated
+configuration never looks honoured when it is not.
+
+Pure: no I/O, no clock. Raises BadRequest.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+import orjson
+
+from queen.core.kv import check_fields, fail
+from queen.core.limits import INT64_MAX, Limits
+from queen.core.values import json_default
+from queen.errors import BadRequest
+
+DEFAULT_PARTITION = "Default"
+QUEUE_MODE_GROUP = "__QUEUE_MODE__"
+RESERVED_QUEUE_PREFIX = "queen-"
+GENERATED_ID_PREFIX = "queen:"
+STATUSES = ("completed", "failed", "dlq")
+MODES = ("all", "new")
+
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+# canonical name -> (Queen MQ alias or None, default, low, high); dlqAfterMaxRetries is a boolean.
+OPTIONS = {
+    "leaseTimeSeconds": ("leaseTime", 300, 1, 86_400),
+    "retryLimit": (None, 3, 0, 1_000),
+    "dlqAfterMaxRetries": (None, True, None, None),
+    "delayedProcessingSeconds": ("delayedProcessing", 0, 0, 604_800),
+    "retentionSeconds": (None, 0, 0, 31_536_000),
+    "completedRetentionSeconds": (None, 0, 0, 31_536_000),
+    "dedupWindowSeconds": (None, 900, 1, 604_800),
+    "maxSize": (None, 1_000_000, 0, 100_000_000),
+}
+DEFAULT_OPTIONS = {name: spec[1] for name, spec in OPTIONS.items()}
+_ALIASES = {spec[0]: name for name, spec in OPTIONS.items() if spec[0] is not None}
+# Queen MQ options Queen does not implement, and the value at which each asks for nothing (None:
+# no such value, always refused). Its client sends the "off" ones on every create.
+UNSUPPORTED_OPTIONS = {"priority": 0, "windowBuffer": 0, "encryptionEnabled": False, "retentionEnabled": False,
+                       "maxWaitTimeSeconds": 0, "retryDelay": None, "deadLetterQueue": None, "ttl": None}
+
+
+def name(raw, field: str, code: str, bytes_max: int, index=None) -> str:
+    """A name: a string of 1 to bytes_max UTF-8 bytes without control characters."""
+    if type(raw) is not str:
+        fail(code, f"{field} must be a string", index)
+    size = len(raw) if raw.isascii() else len(raw.encode())
+    if not 1 <= size <= bytes_max:
+        fail(code, f"{field} must be 1 to {bytes_max} bytes", index, bytes=size)
+    if _CONTROL_CHARACTER.search(raw) is not None:
+        fail(code, f"{field} must not contain control characters", index)
+    return raw
+
+
+def queue_name(raw, limits: Limits, index=None) -> str:
+    queue = name(raw, "queue", "invalid_queue", limits.queue_name_bytes_max, index)
+    if queue.startswith(RESERVED_QUEUE_PREFIX):
+        fail("reserved_queue", f"queue names starting {RESERVED_QUEUE_PREFIX!r} are the server's", index, queue=queue)
+    return queue
+
+
+def group_name(raw, limits: Limits, index=None) -> str:
+    if raw is None:
+        return QUEUE_MODE_GROUP
+    group = name(raw, "consumerGroup", "invalid_consumer_group", limits.group_name_bytes_max, index)
+    if group.startswith("__") and group != QUEUE_MODE_GROUP:
+        fail("reserved_consumer_group", f"group names starting '__' are reserved (but {QUEUE_MODE_GROUP})", index)
+    return group
+
+
+def producer_id(raw, limits: Limits, index=None) -> str | None:
+    """A producer's transactionId (None when absent)."""
+    if raw is None:
+        return None
+    tid = name(raw, "transactionId", "invalid_transaction_id", limits.transaction_id_bytes_max, index)
+    if tid.startswith(GENERATED_ID_PREFIX):
+        fail("reserved_transaction_id", f"transactionIds starting {GENERATED_ID_PREFIX!r} are the server's", index)
+    return tid
+
+
+def identifier(raw, code: str, field: str, index=None) -> int:
+    """An id (partitionId, leaseId): a positive integer, or its decimal string."""
+    if type(raw) is str and raw.isascii() and raw.isdigit() and len(raw) <= 19:
+        raw = int(raw)
+    if type(raw) is not int or not 1 <= raw <= INT64_MAX:
+        fail(code, f"{field} must be a positive integer (the id an earlier answer gave)", index)
+    return raw
+
+
+# -- configure --------------------------------------------------------------------------------------
+
+_CONFIGURE_FIELDS = frozenset(("queue", "options", "namespace", "task"))
+
+
+def parse_configure(document, limits: Limits) -> tuple[str, dict]:
+    """(queue, {canonical option: value}) of a configure call."""
+    if type(document) is not dict:
+        raise BadRequest("invalid_body", 'the body must be an object: {"queue": ..., "options": {...}}')
+    for field in ("namespace", "task"):
+        if field in document and document[field] is None:
+            document = {k: v for k, v in document.items() if k != field}
+    check_fields(document, frozenset(("queue", "options")), None, "body")
+    queue = queue_name(document.get("queue"), limits)
+    raw = document.get("options")
+    if raw is None:
+        return queue, {}
+    if type(raw) is not dict:
+        raise BadRequest("invalid_option", "options must be an object")
+    changes = {}
+    for option, value in raw.items():
+        if value is None:
+            continue
+        canonical = option if option in OPTIONS else _ALIASES.get(option)
+        if canonical is None:
+            if option in UNSUPPORTED_OPTIONS:
+                off = UNSUPPORTED_OPTIONS[option]
+                if off is not None and value == off and type(value) is type(off):
+                    continue
+                raise BadRequest("unsupported_option", f"{option} is not supported by Queen" + (
+                    f" (only {orjson.dumps(off).decode()}, which asks for nothing)" if off is not None else ""),
+                    {"option": option, "supported": sorted(OPTIONS)})
+            raise BadRequest("unknown_option", f"unknown option {option!r}", {"option": option, "supported": sorted(OPTIONS)})
+        if canonical in changes:
+            raise BadRequest("option_conflict", f"{canonical} is given twice (also as {OPTIONS[canonical][0]})",
+                             {"option": canonical})
+        _, _, low, high = OPTIONS[canonical]
+        if low is None:
+            if type(value) is not bool:
+                raise BadRequest("invalid_option", f"{canonical} must be true or false", {"option": canonical})
+        elif type(value) is not int or not low <= value <= high:
+            raise BadRequest("invalid_option", f"{canonical} must be an integer from {low} to {high}",
+                             {"option": canonical, "min": low, "max": high})
+        changes[canonical] = value
+    return queue, changes
+
+
+# -- push -------------------------------------------------------------------------------------------
+
+class PushItem:
+    __slots__ = ("index", "queue", "partition", "payload", "transaction_id", "trace_id", "size")
+
+    def __init__(self, index, queue, partition, payload, transaction_id, trace_id, size):
+        self.index = index
+        self.queue = queue
+        self.partition = partition
+        self.payload = payload
+        self.transaction_id = transaction_id
+        self.trace_id = trace_id
+        self.size = size  # the payload's JSON encoding, in bytes: what it costs to keep and deliver
+
+
+_PUSH_FIELDS = frozenset(("items",))
+_ITEM_FIELDS = frozenset(("queue", "partition", "payload", "transactionId", "traceId"))
+
+
+def parse_push(document, limits: Limits, section: str | None = None) -> list[PushItem]:
+    if section is None:
+        if type(document) is not dict:
+            raise BadRequest("invalid_body", 'the body must be an object: {"items": [...]}')
+        for field in ("bufferMs", "bufferMax"):
+            if field in document:
+                raise BadRequest("unsupported_field", f"{field} is not supported: Queen answers a push only once it is "
+                                 "durable, never from a buffer", {"field": field})
+        check_fields(document, _PUSH_FIELDS, None, "body")
+        raw_items = document.get("items")
+    else:
+        raw_items = document
+    if type(raw_items) is not list or not raw_items:
+        raise BadRequest("invalid_items", "items must be a non-empty list", _where(section))
+    if len(raw_items) > limits.ops_per_call_max:
+        raise BadRequest("too_many_items", f"at most {limits.ops_per_call_max} items per call",
+                         {"count": len(raw_items), "limit": limits.ops_per_call_max, **_where(section)})
+    return [parse_push_item(raw, index, limits, section) for index, raw in enumerate(raw_items)]
+
+
+def parse_push_item(raw, index: int, limits: Limits, section: str | None = None) -> PushItem:
+    try:
+        if type(raw) is not dict:
+            fail("invalid_items", "each item must be an object", index)
+        if not _ITEM_FIELDS.issuperset(raw):
+            check_fields(raw, _ITEM_FIELDS, index, "item")
+        queue = queue_name(raw.get("queue"), limits, index)
+        partition = raw.get("partition")
+        partition = DEFAULT_PARTITION if partition is None else name(
+            partition, "partition", "invalid_partition", limits.partition_name_bytes_max, index)
+        if "payload" not in raw:
+            fail("payload_required", "each item needs a payload (null is a payload)", index)
+        payload = raw["payload"]
+        size = payload_size(payload, limits, index)
+        transaction_id = producer_id(raw.get("transactionId"), limits, index)
+        trace = raw.get("traceId")
+        if trace is not None and (type(trace) is not str or len(trace.encode()) > limits.trace_id_bytes_max):
+            fail("invalid_trace_id", f"traceId must be a string of at most {limits.trace_id_bytes_max} bytes", index)
+    except BadRequest as error:
+        error.details.update(_where(section))
+        raise
+    return PushItem(index, queue, partition, payload, transaction_id, trace, size)
+
+
+def payload_size(payload, limits: Limits, index) -> int:
+    try:
+        size = len(orjson.dumps(payload, default=json_default))
+    except TypeError:
+        fail("invalid_items", "payload must be representable as JSON (or hold byte strings)", index)
+    if size > limits.value_bytes_max:
+        fail("payload_too_large", f"payload is {size} bytes encoded; the limit is {limits.value_bytes_max}", index,
+             bytes=size, limit=limits.value_bytes_max)
+    return size
+
+
+def _where(section: str | None) -> dict:
+    return {"section": section} if section is not None else {}
+
+
+# -- pop ----------------------------------------------------------------------------------------------
+
+class PopOp:
+    __slots__ = ("queue", "partition", "group", "batch", "partitions", "wait_ms", "auto_ack", "mode")
+
+    def __init__(self, queue, partition, group, batch, partitions, wait_ms, auto_ack, mode):
+        self.queue = queue
+        self.partition = partition  # None: any partition (the wildcard route)
+        self.group = group
+        self.batch = batch
+        self.partitions = partitions
+        self.wait_ms = wait_ms
+        self.auto_ack = auto_ack
+        self.mode = mode
+
+
+_POP_PARAMS = frozenset(("batch", "partitions", "waitMs", "wait", "timeout", "consumerGroup", "autoAck",
+                         "subscriptionMode", "autopilot", "frames", "conflation"))
+_QUEEN_MQ_TIMEOUT_DEFAULT_MS = 30_000
+
+
+def _count(params: dict, field: str, code: str, default: int, low: int, high: int) -> int:
+    raw = params.get(field)
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or not low <= int(raw) <= high:
+        raise BadRequest(code, f"{field} must be a whole number from {low} to {high}", {"field": field})
+    return int(raw)
+
+
+def _flag(params: dict, field: str, code: str) -> bool:
+    raw = params.get(field)
+    if raw is None:
+        return False
+    if raw not in ("true", "false"):
+        raise BadRequest(code, f"{field} must be true or false")
+    return raw == "true"
+
+
+def parse_pop(queue_raw: str, partition_raw: str | None, params: dict, limits: Limits) -> PopOp:
+    for field in params:
+        if field not in _POP_PARAMS:
+            raise BadRequest("unknown_field", f"unknown parameter {field!r}; pop takes {', '.join(sorted(_POP_PARAMS))}",
+                             {"field": field})
+    queue = queue_name(queue_raw, limits)
+    partition = None if partition_raw is None else name(partition_raw, "partition", "invalid_partition",
+                                                        limits.partition_name_bytes_max)
+    batch = _count(params, "batch", "invalid_batch", 1, 1, limits.pop_batch_max)
+    partitions = _count(params, "partitions", "invalid_partitions", 1, 1, limits.pop_partitions_max)
+    queen_mq_wait = "wait" in params or "timeout" in params
+    if "waitMs" in params and queen_mq_wait:
+        raise BadRequest("wait_conflict", "give waitMs, or Queen MQ's wait=true&timeout=, not both")
+    if queen_mq_wait:
+        waiting = _flag(params, "wait", "invalid_wait_ms")
+        timeout = params.get("timeout")
+        if timeout is not None and not (timeout.isascii() and timeout.isdigit()):
+            raise BadRequest("invalid_wait_ms", "timeout must be a whole number of milliseconds")
+        # Queen MQ's client sends long timeouts; ours end at the longest wait a pop may have.
+        wait_ms = min(int(timeout), limits.wait_ms_max) if timeout is not None else _QUEEN_MQ_TIMEOUT_DEFAULT_MS
+        wait_ms = wait_ms if waiting else 0
+    else:
+        wait_ms = _count(params, "waitMs", "invalid_wait_ms", 0, 0, limits.wait_ms_max)
+    group = group_name(params.get("consumerGroup"), limits)
+    auto_ack = _flag(params, "autoAck", "invalid_auto_ack")
+    mode = params.get("subscriptionMode", "all")
+    if mode not in MODES:
+        raise BadRequest("invalid_subscription_mode", "subscriptionMode must be all or new")
+    return PopOp(queue, partition, group, batch, partitions, wait_ms, auto_ack, mode)
+
+
+# -- ack ------------------------------------------------------------------------------------------
+
+class AckItem:
+    __slots__ = ("index", "partition_id", "lease_id", "transaction_id", "offset", "status", "error", "group")
+
+    def __init__(self, index, partition_id, lease_id, transaction_id, offset, status, error, group):
+        self.index = index
+        self.partition_id = partition_id
+        self.lease_id = lease_id
+        self.transaction_id = transaction_id
+        self.offset = offset
+        self.status = status
+        self.error = error
+        self.group = group  # None: whatever group the lease is of
+
+
+_ACK_FIELDS = frozenset(("partitionId", "leaseId", "transactionId", "offset", "status", "error", "consumerGroup"))
+_ACK_BATCH_FIELDS = frozenset(("acknowledgments", "consumerGroup"))
+
+
+def parse_ack(document, limits: Limits) -> AckItem:
+    if type(document) is not dict:
+        raise BadRequest("invalid_body", "the body must be an object: one acknowledgment")
+    return parse_ack_item(document, None, limits, None)
+
+
+def parse_acks(document, limits: Limits, section: str | None = None) -> list[AckItem]:
+    group = None
+    if section is None:
+        if type(document) is not dict:
+            raise BadRequest("invalid_body", 'the body must be an object: {"acknowledgments": [...]}')
+        check_fields(document, _ACK_BATCH_FIELDS, None, "body")
+        raw_group = document.get("consumerGroup")
+        group = None if raw_group is None else group_name(raw_group, limits)
+        raw_items = document.get("acknowledgments")
+    else:
+        raw_items = document
+    if type(raw_items) is not list or not raw_items:
+        raise BadRequest("invalid_acknowledgments", "acknowledgments must be a non-empty list", _where(section))
+    if len(raw_items) > limits.ops_per_call_max:
+        raise BadRequest("too_many_acknowledgments", f"at most {limits.ops_per_call_max} acknowledgments per call",
+                         {"count": len(raw_items), "limit": limits.ops_per_call_max, **_where(section)})
+    items = [parse_ack_item(raw, index, limits, group, section) for index, raw in enumerate(raw_items)]
+    seen = set()
+    for item in items:
+        ref = (item.partition_id, item.offset if item.offset is not None else item.transaction_id)
+        if ref in seen:
+            raise BadRequest("duplicate_ack", "each message at most once per call", {"index": item.index, **_where(section)})
+        seen.add(ref)
+    return items
+
+
+def parse_ack_item(raw, index, limits: Limits, group: str | None, section: str | None = None) -> AckItem:
+    try:
+        if type(raw) is not dict:
+            fail("invalid_acknowledgments", "each acknowledgment must be an object", index)
+        if not _ACK_FIELDS.issuperset(raw):
+            check_fields(raw, _ACK_FIELDS, index, "acknowledgment")
+        partition_id = identifier(raw.get("partitionId"), "invalid_partition_id", "partitionId", index)
+        if raw.get("leaseId") is None:
+            fail("invalid_lease_id", "leaseId is required: an ack is fenced by the lease that delivered the message", index)
+        lease_id = identifier(raw["leaseId"], "invalid_lease_id", "leaseId", index)
+        offset = raw.get("offset")
+        if offset is not None and (type(offset) is not int or not 0 <= offset <= INT64_MAX):
+            fail("invalid_offset", "offset must be a whole number", index)
+        tid = raw.get("transactionId")
+        if tid is not None:
+            tid = name(tid, "transactionId", "invalid_transaction_id", limits.transaction_id_bytes_max, index)
+        if offset is None and tid is None:
+            fail("message_ref_required", "name the message: offset or transactionId", index)
+        status = raw.get("status")
+        if status is None:
+            status = "completed"
+        elif status not in STATUSES:
+            fail("invalid_status", "status must be completed, failed or dlq (release a lease with /lease/{id}/release)", index)
+        error = raw.get("error")
+        if error is not None and (type(error) is not str or len(error.encode()) > limits.ack_error_bytes_max):
+            fail("invalid_error", f"error must be a string of at most {limits.ack_error_bytes_max} bytes", index)
+        item_group = raw.get("consumerGroup")
+        item_group = group if item_group is None else group_name(item_group, limits, index)
+    except BadRequest as error_:
+        error_.details.update(_where(section))
+        raise
+    return AckItem(index if index is not None else 0, partition_id, lease_id, tid, offset, status, error, item_group)
+
+
+# -- leases, DLQ ------------------------------------------------------------------------------------
+
+def parse_extend(lease_raw: str, document, limits: Limits) -> tuple[int, int | None]:
+    lease_id = identifier(lease_raw, "invalid_lease_id", "leaseId")
+    if document is None:
+        return lease_id, None
+    if type(document) is not dict:
+        raise BadRequest("invalid_body", 'the body must be an object: {"seconds": N} or {}')
+    check_fields(document, frozenset(("seconds",)), None, "body")
+    seconds = document.get("seconds")
+    if seconds is None:
+        return lease_id, None
+    if type(seconds) is not int or not 1 <= seconds <= limits.lease_seconds_max:
+        raise BadRequest("invalid_seconds", f"seconds must be an integer from 1 to {limits.lease_seconds_max}")
+    return lease_id, seconds
+
+
+_REQUEUE_FIELDS = frozenset(("queue", "consumerGroup", "items"))
+_REQUEUE_ITEM_FIELDS = frozenset(("partitionId", "offset"))
+
+
+def parse_requeue(document, limits: Limits) -> tuple[str, str, list[tuple[int, int]]]:
+    if type(document) is not dict:
+        raise BadRequest("invalid_body", 'the body must be an object: {"queue", "consumerGroup", "items"}')
+    check_fields(document, _REQUEUE_FIELDS, None, "body")
+    queue = queue_name(document.get("queue"), limits)
+    group = group_name(document.get("consumerGroup"), limits)
+    raw_items = document.get("items")
+    if type(raw_items) is not list or not raw_items:
+        raise BadRequest("invalid_items", "items must be a non-empty list of {partitionId, offset}")
+    if len(raw_items) > limits.ops_per_call_max:
+        raise BadRequest("too_many_items", f"at most {limits.ops_per_call_max} items per call")
+    items = []
+    for index, raw in enumerate(raw_items):
+        if type(raw) is not dict:
+            fail("invalid_items", "each item must be an object", index)
+        check_fields(raw, _REQUEUE_ITEM_FIELDS, index, "item")
+        offset = raw.get("offset")
+        if type(offset) is not int or not 0 <= offset <= INT64_MAX:
+            fail("invalid_offset", "offset must be a whole number", index)
+        items.append((identifier(raw.get("partitionId"), "invalid_partition_id", "partitionId", index), offset))
+    return queue, group, items
+
+
+def decode_dlq_cursor(raw: str | None) -> tuple | None:
+    """A DLQ page cursor: where the last page ended (move time, partition, offset, group)."""
+    if raw is None or raw == "":
+        return None
+    try:
+        key = orjson.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+    except (binascii.Error, ValueError, orjson.JSONDecodeError):
+        key = None
+    if (type(key) is not list or len(key) != 4 or not all(type(x) is int for x in key[:3]) or type(key[3]) is not str):
+        raise BadRequest("invalid_cursor", "cursor must be the string a previous page returned")
+    return tuple(key)
+
+
+def page_limit(params: dict, limits: Limits) -> int:
+    return _count(params, "limit", "invalid_limit", 100, 1, limits.page_items_max)
+
+
+def check_params(params: dict, allowed: frozenset) -> None:
+    for field in params:
+        if field not in allowed:
+            raise BadRequest("unknown_field", f"unknown parameter {field!r}; this route takes {', '.join(sorted(allowed))}",
+                             {"field": field})
+
+
+
+# -- operations as the shard sees them ----------------------------------------------------------------
+# Each is one part of a call on the shard of its queue (acks and lease calls: of the queue their id
+# belongs to); the shard's QueueTable.apply answers it.
+
+class Push:
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[PushItem]):
+        self.items = items
+
+
+class Acks:
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[AckItem]):
+        self.items = items
+
+
+class Configure:
+    __slots__ = ("queue", "changes")
+
+    def __init__(self, queue: str, changes: dict):
+        self.queue = queue
+        self.changes = changes
+
+
+class LeaseCall:
+    """extend (seconds: None for the queue's lease time) or release."""
+
+    __slots__ = ("kind", "lease_id", "seconds")
+
+    def __init__(self, kind: str, lease_id: int, seconds: int | None = None):
+        self.kind = kind
+        self.lease_id = lease_id
+        self.seconds = seconds
+
+
+class QueueAdmin:
+    """The admin calls on one queue: dlq, requeue, purge, delete, delete_group, info, partitions;
+    and list (one shard's part of the queue listing)."""
+
+    __slots__ = ("kind", "queue", "args")
+
+    def __init__(self, kind: str, queue: str | None, **args):
+        self.kind = kind
+        self.queue = queue
+        self.args = args
+
+
+QUEUE_OPS = (Push, PopOp, Acks, Configure, LeaseCall, QueueAdmin)
+WRITES = (Push, PopOp, Acks, Configure, LeaseCall)

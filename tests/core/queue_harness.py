@@ -1,0 +1,87 @@
+"""A queue shard driven step by step through State.apply, as the server drives it, for the pure
+tests: now_ms is passed in, records are decoded and kept, parked pops answered later are collected."""
+
+from queen.core import records as rec
+from queen.core.limits import Limits
+from queen.core.queue_ops import (
+    Acks,
+    Configure,
+    LeaseCall,
+    Push,
+    QueueAdmin,
+    parse_ack_item,
+    parse_configure,
+    parse_pop,
+    parse_push,
+)
+from queen.core.state import Abandon, Ops, State, Tick
+
+T0 = 1_700_000_000_000
+
+
+class Queues:
+    def __init__(self, limits: Limits | None = None):
+        self.limits = limits or Limits()
+        self.state = State(1, T0, limits=self.limits)
+        self.now = T0
+        self.records = []
+        self.answered = []  # (reply_to, answer) of parked pops answered by later steps
+
+    def step(self, step):
+        applied = self.state.apply(step, self.now)
+        self.records += rec.decode(applied.records)
+        return applied.answers
+
+    def call(self, op, reply_to=None):
+        reply_to = reply_to if reply_to is not None else object()
+        own = None
+        for to, _, answer in self.step(Ops(0, [(reply_to, 0, op)])):
+            if to is reply_to and own is None:
+                own = answer
+            else:
+                self.answered.append((to, answer))
+        return own
+
+    def configure(self, queue="orders", **options):
+        return self.call(Configure(*parse_configure({"queue": queue, "options": options}, self.limits)))
+
+    def push(self, *items, queue="orders", partition=None):
+        raw = []
+        for item in items:
+            if not isinstance(item, dict) or "payload" not in item:
+                item = {"payload": item}
+            raw.append({"queue": queue, **({"partition": partition} if partition else {}), **item})
+        return self.call(Push(parse_push({"items": raw}, self.limits)))
+
+    def pop(self, queue="orders", partition=None, reply_to=None, **params):
+        params = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in params.items()}
+        return self.call(parse_pop(queue, partition, params, self.limits), reply_to)
+
+    def ack(self, message, status="completed", **extra):
+        raw = {"partitionId": message["partitionId"], "leaseId": message["leaseId"], "offset": message["offset"],
+               "status": status, **extra}
+        [result] = self.call(Acks([parse_ack_item(raw, 0, self.limits, None)]))
+        return result
+
+    def extend(self, lease_id, seconds=None):
+        return self.call(LeaseCall("extend", lease_id, seconds))
+
+    def release(self, lease_id):
+        return self.call(LeaseCall("release", lease_id))
+
+    def admin(self, kind, queue="orders", **args):
+        return self.call(QueueAdmin(kind, queue, **args))
+
+    def tick(self, ms=0):
+        self.now += ms
+        self.answered += [(to, answer) for to, _, answer in self.step(Tick())]
+
+    def abandon(self, reply_to):
+        self.answered += [(to, answer) for to, _, answer in self.step(Abandon(0, reply_to))]
+
+    def replayed(self) -> State:
+        """A fresh state rebuilt from every record so far."""
+        copy = State(1, T0, limits=self.limits)
+        for record in self.records:
+            copy.replay(record)
+        return copy

@@ -1,0 +1,199 @@
+"""The queue routes over HTTP, route by route, against the shapes, defaults and reasons the README
+documents; time in MockClock's virtual seconds."""
+
+import trio
+import trio.testing
+
+from queen.testing import HttpClient, open_server
+
+TICK_S = 0.05
+
+
+async def push(client, *items, queue="orders", partition="p"):
+    status, body = await client.request("POST", "/api/v1/push", {"items": [
+        {"queue": queue, "partition": partition, **(item if isinstance(item, dict) and "payload" in item else {"payload": item})}
+        for item in items]})
+    assert status == 200, body
+    return body
+
+
+async def pop(client, path="/api/v1/pop/queue/orders", **params):
+    query = "&".join(f"{k}={v}" for k, v in params.items())
+    status, body = await client.request("GET", path + ("?" + query if query else ""))
+    assert status == 200, body
+    return body
+
+
+async def ack(client, message, **extra):
+    status, body = await client.request("POST", "/api/v1/ack", {
+        "partitionId": message["partitionId"], "leaseId": message["leaseId"], "offset": message["offset"], **extra})
+    assert status == 200, body
+    return body
+
+
+async def test_configure_merges_shows_every_option_and_refuses_what_it_does_not_do(tmp_path, autojump_clock):
+    async with open_server(tmp_path / "d") as server:
+        c = HttpClient(server.port)
+        status, body = await c.request("POST", "/api/v1/configure", {"queue": "orders", "options": {"leaseTime": 60},
+                                                                      "namespace": None, "task": None})
+        assert status == 200 and body["created"] is True and body["options"]["leaseTimeSeconds"] == 60
+        assert body["options"]["retryLimit"] == 3 and body["options"]["maxSize"] == 1_000_000
+        _, body = await c.request("POST", "/api/v1/configure", {"queue": "orders", "options": {
+            "retryLimit": 5, "priority": 0, "encryptionEnabled": False}})
+        assert body["created"] is False and body["options"]["leaseTimeSeconds"] == 60 and body["options"]["retryLimit"] == 5
+        assert "priority" not in body["options"]
+        for options, code in (({"priority": 5}, "unsupported_option"), ({"colour": 1}, "unknown_option"),
+                              ({"retryLimit": 1001}, "invalid_option"),
+                              ({"leaseTime": 5, "leaseTimeSeconds": 6}, "option_conflict")):
+            status, body = await c.request("POST", "/api/v1/configure", {"queue": "orders", "options": options})
+            assert (status, body["error"]["code"]) == (400, code), options
+        status, body = await c.request("POST", "/api/v1/configure", {"queue": "orders", "namespace": "x"})
+        assert body["error"]["code"] == "unknown_field"
+        _, body = await c.request("GET", "/api/v1/resources/queues/orders")
+        assert body["options"]["retryLimit"] == 5  # the refused calls changed nothing
+
+
+async def test_push_answers_a_bare_array_with_queued_duplicate_and_failed(tmp_path, autojump_clock):
+    async with open_server(tmp_path / "d") as server:
+        c = HttpClient(server.port)
+        await c.request("POST", "/api/v1/configure", {"queue": "orders", "options": {"maxSize": 2}})
+        body = await push(c, {"payload": 1, "transactionId": "a"}, {"payload": 2, "transactionId": "a"}, 3, 4)
+        assert [r["status"] for r in body] == ["queued", "duplicate", "queued", "failed"]
+        assert [r["index"] for r in body] == [0, 1, 2, 3]
+        assert body[3]["reason"] == body[3]["error"] == "queue_full"
+        status, body = await c.request("POST", "/api/v1/push", {"items": [{"queue": "q", "payload": 1}], "bufferMs": 5})
+        assert (status, body["error"]["code"]) == (400, "unsupported_field")
+
+
+async def test_pop_ack_and_the_lease_routes(tmp_path, autojump_clock):
+    async with open_server(tmp_path / "d") as server:
+        c = HttpClient(server.port)
+        await push(c, "a", "b", "c", partition="customer-42")
+        got = await pop(c, batch=2)
+        assert got["success"] is True and got["partition"] == "customer-42" and got["partitionsClaimed"] == 1
+        assert got["consumerGroup"] == "__QUEUE_MODE__" and [m["data"] for m in got["messages"]] == ["a", "b"]
+        held = await pop(c, "/api/v1/pop/queue/orders/partition/customer-42")
+        assert held == {"success": False, "reason": "lease_held", "error": "lease_held", "queue": "orders",
+                        "consumerGroup": "__QUEUE_MODE__", "messages": []}
+        first = await ack(c, got["messages"][0])
+        assert first["success"] is True and "index" not in first and first["leaseReleased"] is False
+        status, batch = await c.request("POST", "/api/v1/ack/batch", {"consumerGroup": None, "acknowledgments": [
+            {"partitionId": str(got["partitionId"]), "leaseId": str(got["leaseId"]), "offset": 1, "error": None}]})
+        assert status == 200 and isinstance(batch, list) and batch[0]["leaseReleased"] is True
+        status, body = await c.request("POST", "/api/v1/ack", {"partitionId": got["partitionId"], "offset": 2})
+        assert (status, body["error"]["code"]) == (400, "invalid_lease_id")
+        third = await pop(c)
+        _, extended = await c.request("POST", f"/api/v1/lease/{third['leaseId']}/extend", b"")
+        assert extended["success"] is True and extended["partitions"][0]["partition"] == "customer-42"
+        _, released = await c.request("POST", f"/api/v1/lease/{third['leaseId']}/release", {})
+        assert released["success"] is True
+        _, gone = await c.request("POST", f"/api/v1/lease/{third['leaseId']}/extend", {"seconds": 10})
+        assert gone["reason"] == "lease_lost"
+        assert (await pop(c))["messages"][0]["retryCount"] == 0
+
+
+async def test_a_parked_pop_is_answered_the_moment_a_push_lands(tmp_path, autojump_clock):
+    async with open_server(tmp_path / "d") as server:
+        answers = []
+
+        async def consumer():
+            answers.append((await pop(HttpClient(server.port), waitMs=20_000), trio.current_time()))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consumer)
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep(3)
+            pushed_at = trio.current_time()
+            await push(HttpClient(server.port), "late")
+        got, answered_at = answers[0]
+        assert got["messages"][0]["data"] == "late" and answered_at == pushed_at  # no tick, no poll
+
+
+async def test_a_parked_pop_gets_an_expired_lease_within_one_tick(tmp_path, autojump_clock):
+    async with open_server(tmp_path / "d") as server:
+        c = HttpClient(server.port)
+        await c.request("POST", "/api/v1/configure", {"queue": "orders", "options": {"leaseTimeSeconds": 2}})
+        await push(c, "m")
+        first = await pop(c)
+        lease_ends = trio.current_time() + 2
+        again = await pop(HttpClient(server.port), waitMs=10_000)
+        assert lease_ends <= trio.current_time() <= lease_ends + TICK_S + 0.001
+        assert again["messages"][0]["retryCount"] == 1 and again["leaseId"] > first["leaseId"]
+        timed_out = await pop(HttpClient(server.port), wait="true", timeout=500)
+        assert timed_out["reason"] == "timeout"
+
+
+async def test_a_waiter_that_hung_up_is_never_handed_a_message(tmp_path, autojump_clock):
+    async with open_server(tmp_path / "d") as server:
+        async with trio.open_nursery() as nursery:
+            gone = HttpClient(server.port)
+            nursery.start_soon(gone.request, "GET", "/api/v1/pop/queue/orders?waitMs=30000")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        await gone.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        c = HttpClient(server.port)
+        await push(c, "m")
+        got = await pop(c)
+        assert got["messages"][0]["data"] == "m" and got["messages"][0]["retryCount"] == 0
+
+
+async def test_dlq_listing_requeue_and_purge_routes(tmp_path, autojump_clock):
+    async with open_server(tmp_path / "d") as server:
+        c = HttpClient(server.port)
+        await push(c, "poison", "fine")
+        got = await pop(c, batch=2)
+        moved = await ack(c, got["messages"][0], status="dlq", error="cannot parse")
+        assert moved["dlq"] is True
+        _, listing = await c.request("GET", "/api/v1/dlq?queue=orders")
+        assert listing["total"] == 1 and listing["messages"][0]["error"] == "cannot parse" and listing["cursor"] is None
+        entry = listing["messages"][0]
+        _, requeued = await c.request("POST", "/api/v1/dlq/requeue", {"queue": "orders", "items": [
+            {"partitionId": entry["partitionId"], "offset": entry["offset"]}]})
+        assert requeued == {"results": [{"index": 0, "requeued": True}]}
+        again = await pop(c, batch=2)
+        assert [m["data"] for m in again["messages"]] == ["poison", "fine"]
+        await ack(c, again["messages"][0], status="dlq")
+        _, purged = await c.request("DELETE", "/api/v1/dlq?queue=orders")
+        assert purged == {"purged": 1}
+
+
+async def test_admin_views_group_and_queue_deletion(tmp_path, autojump_clock):
+    async with open_server(tmp_path / "d") as server:
+        c = HttpClient(server.port)
+        await push(c, "a", "b", partition="p1")
+        await push(c, "c", partition="p2")
+        got = await pop(c, consumerGroup="mailer")
+        _, listing = await c.request("GET", "/api/v1/resources/queues")
+        [summary] = listing["items"]
+        assert summary["queue"] == "orders" and summary["partitions"] == 2 and summary["groups"] == ["mailer"]
+        assert summary["inFlight"] == 1 and summary["pending"] == 2
+        _, parts = await c.request("GET", "/api/v1/resources/queues/orders/partitions?consumerGroup=mailer")
+        p1 = next(item for item in parts["items"] if item["partition"] == "p1")
+        assert p1["nextOffset"] == 2 and p1["groups"][0]["lease"]["leaseId"] == got["leaseId"]
+        _, deleted = await c.request("DELETE", "/api/v1/consumer-groups/mailer/queues/orders")
+        assert deleted == {"deleted": True}
+        assert (await ack(c, got["messages"][0]))["reason"] == "lease_lost"
+        _, gone = await c.request("DELETE", "/api/v1/resources/queues/orders")
+        assert gone["deleted"] is True and gone["messages"] == 3
+        _, info = await c.request("GET", "/api/v1/resources/queues/orders")
+        assert info == {"found": False, "queue": "orders"}
+
+
+async def test_leases_offsets_dlq_and_dedupe_survive_a_restart_and_ids_keep_rising(tmp_path, autojump_clock):
+    data_dir = tmp_path / "d"
+    async with open_server(data_dir) as server:
+        c = HttpClient(server.port)
+        pushed = await push(c, {"payload": 1, "transactionId": "t1"}, 2, 3)
+        got = await pop(c, batch=2)
+        await ack(c, got["messages"][0], status="dlq")
+    async with open_server(data_dir) as server:
+        c = HttpClient(server.port)
+        again = await push(c, {"payload": 9, "transactionId": "t1"})
+        assert again[0]["status"] == "duplicate" and again[0]["messageId"] == pushed[0]["messageId"]
+        _, dlq = await c.request("GET", "/api/v1/dlq?queue=orders")
+        assert dlq["total"] == 1
+        fresh = await push(c, 4)
+        assert fresh[0]["messageId"] > max(r["messageId"] for r in pushed) and fresh[0]["offset"] == 3
+        rest = await pop(c, batch=5)
+        assert [m["data"] for m in rest["messages"]] == [2, 3, 4] and rest["leaseId"] > got["leaseId"]
