@@ -17,7 +17,7 @@ import trio
 
 from queen.clock import Clock
 from queen.config import Config
-from queen.core.state import State
+from queen.core.state import Drain, State
 from queen.core.wheel import TICK_MS
 from queen.http.connection import HttpServer, connection_budget, open_listeners
 from queen.http.routes import Api
@@ -30,6 +30,11 @@ from queen.wal.recovery import recover
 from queen.wal.writer import WalWriter
 
 logger = logging.getLogger(__name__)
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
 
 class DataDirBusy(Exception):
     pass
@@ -130,6 +135,7 @@ class Server:
                     logger.info("event=shutdown_started connections=%d requests_in_flight=%d",
                                 http.connections, http.requests_in_flight)
                     router.draining = http.draining = True
+                    steps.run(Drain())  # parked pops answer 503 now, not at the end of their wait
                     accept.cancel_scope.cancel()
                 for listener in listeners:
                     listener.close()
@@ -167,4 +173,38 @@ class Server:
         out = []
         for name, kind, help_text, value in lines:
             out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{name} {value}\n")
+        out.append(self._queue_metrics())
+        return "".join(out)
+
+    def _queue_metrics(self) -> str:
+        now_ms = self.router.steps.clock.now_ms()
+        tables = [shard.queues for shard in self.state.shards]
+        stats = [table.stats for table in tables]
+        gauges = {"messages": [], "pending": [], "in_flight": [], "dlq": []}
+        for table in tables:
+            for queue, group, what, value in table.metrics(now_ms):
+                labels = f'queue="{_label(queue)}"' + (f',group="{_label(group)}"' if group else "")
+                gauges[what].append(f"queen_queue_{what}{{{labels}}} {value}\n")
+        helps = {"messages": "messages retained, DLQ entries included", "pending": "messages a group has yet to be "
+                 "delivered (its lag)", "in_flight": "messages delivered under a live lease", "dlq": "a group's DLQ entries"}
+        out = []
+        for what, rows in gauges.items():
+            out.append(f"# HELP queen_queue_{what} {helps[what]}\n# TYPE queen_queue_{what} gauge\n")
+            out += rows
+        pushed = sum(s.pushed for s in stats)
+        duplicates = sum(s.duplicates for s in stats)
+        failed = sum(s.push_failed for s in stats)
+        out.append("# HELP queen_push_total pushed items by result\n# TYPE queen_push_total counter\n"
+                   f'queen_push_total{{result="queued"}} {pushed}\nqueen_push_total{{result="duplicate"}} {duplicates}\n'
+                   f'queen_push_total{{result="failed"}} {failed}\n')
+        out.append("# HELP queen_redeliveries_total deliveries that ended without completion and were returned\n"
+                   "# TYPE queen_redeliveries_total counter\n"
+                   f'queen_redeliveries_total{{cause="failed"}} {sum(s.redelivered_failed for s in stats)}\n'
+                   f'queen_redeliveries_total{{cause="expired"}} {sum(s.redelivered_expired for s in stats)}\n')
+        out.append("# HELP queen_dlq_moves_total messages moved to a DLQ\n# TYPE queen_dlq_moves_total counter\n"
+                   f"queen_dlq_moves_total {sum(s.dlq_moves for s in stats)}\n")
+        out.append("# HELP queen_pop_wait_seconds how long parked pops waited before they were served\n"
+                   "# TYPE queen_pop_wait_seconds summary\n"
+                   f"queen_pop_wait_seconds_sum {sum(s.pop_wait_ms_total for s in stats) / 1000}\n"
+                   f"queen_pop_wait_seconds_count {sum(s.pop_waits for s in stats)}\n")
         return "".join(out)

@@ -197,3 +197,31 @@ async def test_leases_offsets_dlq_and_dedupe_survive_a_restart_and_ids_keep_risi
         assert fresh[0]["messageId"] > max(r["messageId"] for r in pushed) and fresh[0]["offset"] == 3
         rest = await pop(c, batch=5)
         assert [m["data"] for m in rest["messages"]] == [2, 3, 4] and rest["leaseId"] > got["leaseId"]
+
+
+async def test_queue_metrics(tmp_path, autojump_clock):
+    async with open_server(tmp_path / "d") as server:
+        c = HttpClient(server.port)
+        await push(c, {"payload": 1, "transactionId": "a"}, {"payload": 2, "transactionId": "a"}, 3)
+        got = await pop(c)
+        await ack(c, got["messages"][0], status="failed")
+        _, text = await c.request("GET", "/metrics")
+        text = text.decode()
+        for line in ('queen_queue_messages{queue="orders"} 2', 'queen_queue_pending{queue="orders",group="__QUEUE_MODE__"} 2',
+                     'queen_queue_in_flight{queue="orders",group="__QUEUE_MODE__"} 0', 'queen_push_total{result="queued"} 2',
+                     'queen_push_total{result="duplicate"} 1', 'queen_redeliveries_total{cause="failed"} 1'):
+            assert line in text, line
+
+
+async def test_a_parked_pop_answers_503_when_the_server_stops(tmp_path, autojump_clock):
+    answers = []
+    async with open_server(tmp_path / "d") as server:
+        async def consumer():
+            answers.append(await HttpClient(server.port).request("GET", "/api/v1/pop/queue/orders?waitMs=60000"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consumer)
+            await trio.testing.wait_all_tasks_blocked()
+            server.request_shutdown()
+    [(status, body)] = answers
+    assert status == 503 and body["error"]["code"] == "shutting_down"
