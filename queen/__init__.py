@@ -10,6 +10,7 @@ _SDK_NAMES = frozenset((
     "Client", "SyncClient", "Lock", "Semaphore", "SyncLock", "Transaction", "SyncTransaction", "Item", "Current",
     "Page", "WriteResult", "CheckResult", "TxnResult", "Holder", "RunResult", "ClientError", "TransportError",
     "RequestTimeout", "ApiError", "BadRequestError", "UnavailableError", "LockLost", "LockNotAcquired",
+    "Queue", "SyncQueue", "Message", "Delivery", "Push", "PushResult", "AckResult",
 ))
 
 

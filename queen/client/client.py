@@ -5,7 +5,7 @@
             ...
 
 Owns: the transport (keep-alive connections), `kv`, `locks`, the handles it made, and a task
-group in which handles renew in the background. Leaving `async with` releases every permit still
+group in which lock handles renew and queue consumers extend their leases in the background. Leaving `async with` releases every permit still
 held and closes the connections. Without `async with`, KV calls and handles with
 `auto_renew=False` work; call `aclose()` when done.
 """
@@ -20,6 +20,7 @@ import anyio.abc
 from queen.client._http import Transport
 from queen.client.kv import Kv
 from queen.client.locks import Lock, Locks, Semaphore
+from queen.client.queues import Queue
 from queen.client.txn import Transaction
 
 DEFAULT_URL = "http://127.0.0.1:6632"
@@ -78,6 +79,10 @@ class Client:
         """A handle on one of the `n` permits of `name`. Every holder of one name passes the same n."""
         return Semaphore(self, name, n, ttl=ttl, owner=owner, auto_renew=auto_renew)
 
+    def queue(self, name: str) -> Queue:
+        """The calls of queue `name`: push, pop, ack, consume, process, configure, dlq, ..."""
+        return Queue(self, name)
+
     def transaction(self) -> Transaction:
         return Transaction(self._transport)
 
@@ -90,9 +95,9 @@ class Client:
 
     def _require_task_group(self) -> None:
         if self._task_group is None:
-            raise RuntimeError("locks renew in the background, in the client's task group: use "
-                               "`async with queen.Client() as client:`, or make the handle with "
-                               "auto_renew=False and call keep_alive() in your loop")
+            raise RuntimeError("lock handles renew, and consumers extend their leases, in the background, in the "
+                               "client's task group: use `async with queen.Client() as client:` (or make a lock "
+                               "handle with auto_renew=False and call keep_alive() in your loop)")
 
     def _start(self, fn, *args) -> None:
         self._require_task_group()

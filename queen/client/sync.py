@@ -32,6 +32,7 @@ from queen.client.client import Client
 from queen.client.errors import LockLost, LockNotAcquired
 from queen.client.kv import PAGE_ITEMS_MAX, CheckResult, Item, WriteResult
 from queen.client.locks import Holder, Lock, RunResult
+from queen.client.queues import AckResult, Delivery, Message, PushResult, Queue, _LeaseKeeper
 from queen.client.txn import Transaction, TxnResult, _TxnKv
 
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
@@ -97,6 +98,9 @@ class SyncClient:
 
     def semaphore(self, name: str, n: int, *, ttl, owner: str | None = None, auto_renew: bool = True) -> SyncLock:
         return SyncLock(self, self._call(lambda: self._client.semaphore(name, n, ttl=ttl, owner=owner, auto_renew=auto_renew)))
+
+    def queue(self, name: str) -> SyncQueue:
+        return SyncQueue(self, self._call(lambda: self._client.queue(name)))
 
     def transaction(self) -> SyncTransaction:
         return SyncTransaction(self)
@@ -310,3 +314,131 @@ class SyncTransaction:
 
     def commit(self) -> TxnResult:
         return self._sync._call(self._txn.commit)
+
+
+class SyncQueue:
+    """`client.queue(name)` of the SyncClient: the async queue's calls, blocking. `consume()` is a
+    plain generator and `process()` a blocking loop; the lease is extended on the client's loop
+    thread while your code handles the messages."""
+
+    def __init__(self, sync: SyncClient, queue: Queue):
+        self._sync = sync
+        self._queue = queue
+        self.name = queue.name
+
+    def __repr__(self) -> str:
+        return f"<queen.SyncQueue {self.name!r}>"
+
+    def configure(self, **options) -> dict:
+        return self._sync._call(self._queue.configure, **options)
+
+    def push(self, payload, *, partition: str | None = None, transaction_id: str | None = None,
+             trace_id: str | None = None) -> PushResult:
+        return self._sync._call(self._queue.push, payload, partition=partition, transaction_id=transaction_id,
+                                trace_id=trace_id)
+
+    def push_many(self, items, *, partition: str | None = None) -> list[PushResult]:
+        return self._sync._call(self._queue.push_many, list(items), partition=partition)
+
+    def pop(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, partition: str | None = None,
+            wait=None, auto_ack: bool = False, mode: str = "all") -> Delivery:
+        delivery = self._sync._call(self._queue.pop, group=group, batch=batch, partitions=partitions,
+                                    partition=partition, wait=wait, auto_ack=auto_ack, mode=mode)
+        for message in delivery.messages:
+            message._queue = self
+        return delivery
+
+    def ack(self, message: Message, status: str = "completed", *, error: str | None = None) -> AckResult:
+        return self._sync._call(self._queue.ack, message, status, error=error)
+
+    def ack_many(self, messages: list[Message], status: str = "completed", *, error: str | None = None) -> list[AckResult]:
+        return self._sync._call(self._queue.ack_many, messages, status, error=error)
+
+    def extend(self, lease_id: int, seconds: int | None = None) -> bool:
+        return self._sync._call(self._queue.extend, lease_id, seconds)
+
+    def release(self, lease_id: int) -> bool:
+        return self._sync._call(self._queue.release, lease_id)
+
+    def info(self) -> dict:
+        return self._sync._call(self._queue.info)
+
+    def dlq(self, *, group: str | None = None) -> list[dict]:
+        async def collect():
+            return [entry async for entry in self._queue.dlq(group=group)]
+        return self._sync._call(collect)
+
+    def requeue(self, entries: list[dict], *, group: str | None = None) -> list[bool]:
+        return self._sync._call(self._queue.requeue, entries, group=group)
+
+    def purge_dlq(self, *, group: str | None = None) -> int:
+        return self._sync._call(self._queue.purge_dlq, group=group)
+
+    def delete(self) -> bool:
+        return self._sync._call(self._queue.delete)
+
+    def consume(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s", lease=None):
+        """Every message, one at a time, forever; acked "completed" when the loop asks for the
+        next one. Leaving the loop acks what was handled and releases the lease."""
+        lease_s = self._sync._call(self._lease_time_s, lease)
+        while True:
+            delivery = self.pop(group=group, batch=batch, partitions=partitions, wait=wait)
+            if not delivery.messages:
+                continue
+            keeper = self._keep(delivery, lease_s)
+            handled, finished = [], False
+            try:
+                for message in delivery.messages:
+                    yield message
+                    if not message.settled:
+                        handled.append(message)
+                finished = True
+            finally:
+                self._close(keeper, delivery, handled, finished)
+
+    def process(self, handler, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
+                lease=None) -> None:
+        """handler(message) for every message, forever: its return acks "completed", its exception
+        "failed". Stop it with KeyboardInterrupt (or any exception raised around it)."""
+        lease_s = self._sync._call(self._lease_time_s, lease)
+        while True:
+            delivery = self.pop(group=group, batch=batch, partitions=partitions, wait=wait)
+            if not delivery.messages:
+                continue
+            keeper = self._keep(delivery, lease_s)
+            handled, finished = [], False
+            try:
+                failed_partitions = set()
+                for message in delivery.messages:
+                    if message.partition_id in failed_partitions:
+                        continue
+                    try:
+                        handler(message)
+                    except Exception as error:  # noqa: BLE001 - the handler's failure is the message's
+                        done = [m for m in handled if m.partition_id == message.partition_id]
+                        handled = [m for m in handled if m.partition_id != message.partition_id]
+                        if done:
+                            self.ack_many(done)
+                        self.ack(message, "failed", error=str(error)[:1024] or type(error).__name__)
+                        failed_partitions.add(message.partition_id)
+                        continue
+                    if not message.settled:
+                        handled.append(message)
+                finished = True
+            finally:
+                self._close(keeper, delivery, handled, finished)
+
+    async def _lease_time_s(self, lease) -> float:
+        from queen.client.durations import seconds
+        return seconds(lease) if lease is not None else await self._queue._lease_time_s()
+
+    def _keep(self, delivery: Delivery, lease_s: float) -> _LeaseKeeper:
+        keeper = _LeaseKeeper(self._queue, delivery.lease_id, lease_s)
+        self._sync._call(lambda: self._sync._client._start(keeper.run))
+        return keeper
+
+    def _close(self, keeper: _LeaseKeeper, delivery: Delivery, handled: list, finished: bool) -> None:
+        if self._sync._portal is None:
+            return
+        self._sync._call(keeper.stop)
+        self._sync._call(self._queue._close_delivery, delivery, handled, finished)

@@ -1,0 +1,133 @@
+"""The SDK's queues against a real `queen serve`, under asyncio and Trio (`test_both_*`), and the
+blocking SyncClient: push, pop, ack, the consumer's acks, its background lease extension, what
+leaving the loop does, and process() acking failed on an exception."""
+
+from contextlib import aclosing
+
+import anyio
+import pytest
+
+import queen
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def backend(request):
+    return request.param
+
+
+def run(backend, fn, *args):
+    return anyio.run(fn, *args, backend=backend)
+
+
+def test_both_push_pop_ack_round_trip(backend, server, unique):
+    async def body():
+        async with queen.Client(server.url) as client:
+            queue = client.queue(unique)
+            first = await queue.push({"orderId": 1}, partition="customer-42", transaction_id="order-1")
+            again = await queue.push({"orderId": 1}, partition="customer-42", transaction_id="order-1")
+            assert first.status == "queued" and again.status == "duplicate" and again.message_id == first.message_id
+            results = await queue.push_many([{"orderId": 2}, queen.Push({"orderId": 3}, partition="other")],
+                                            partition="customer-42")
+            assert [r.partition for r in results] == ["customer-42", "other"] and all(results)
+            delivery = await queue.pop(batch=10)
+            assert [m.data for m in delivery.messages] == [{"orderId": 1}, {"orderId": 2}]
+            assert delivery.lease_id and delivery.messages[0].retry_count == 0
+            assert (await delivery.messages[0].ack()).success
+            failed = await delivery.messages[1].fail("boom")
+            assert failed.lease_released and failed.retry_count == 1
+            redelivered = await queue.pop(partition="customer-42")
+            assert redelivered.messages[0].data == {"orderId": 2} and redelivered.messages[0].retry_count == 1
+            assert not await queue.pop(partition="customer-42")  # leased: nothing more now
+            assert (await queue.pop(wait="100ms", partition="nothing")).reason == "timeout"
+
+    run(backend, body)
+
+
+def test_both_consume_acks_each_message_and_leaving_releases_the_rest(backend, server, unique):
+    async def body():
+        async with queen.Client(server.url) as client:
+            queue = client.queue(unique)
+            await queue.push_many(range(5), partition="p")
+            seen = []
+            async with aclosing(queue.consume(batch=5, wait="1s")) as messages:
+                async for message in messages:
+                    seen.append(message.data)
+                    if len(seen) == 3:
+                        break
+            assert seen == [0, 1, 2]
+            # 0 and 1 were acked when the loop asked for the next one. The loop was left while 2
+            # was its current message: as after an exception, it was not acked, and the lease was
+            # released at once, so 2, 3 and 4 are the next consumer's, retry counts unchanged.
+            rest = await queue.pop(batch=10)
+            assert [m.data for m in rest.messages] == [2, 3, 4] and rest.messages[0].retry_count == 0
+
+    run(backend, body)
+
+
+def test_both_process_acks_failed_on_an_exception_and_the_dlq_takes_a_poison_message(backend, server, unique):
+    async def body():
+        async with queen.Client(server.url) as client:
+            queue = client.queue(unique)
+            await queue.configure(retryLimit=1)
+            await queue.push_many(["ok-1", "poison", "ok-2"], partition="p")
+            handled = []
+
+            async def handler(message):
+                handled.append((message.data, message.retry_count))
+                if message.data == "poison":
+                    raise ValueError("cannot parse")
+                if message.data == "ok-2":
+                    cancel.cancel()
+
+            with anyio.CancelScope() as cancel:
+                await queue.process(handler, batch=3, wait="1s")
+            assert handled == [("ok-1", 0), ("poison", 0), ("poison", 1), ("ok-2", 0)]
+            [entry] = [e async for e in queue.dlq()]
+            assert entry["data"] == "poison" and entry["error"] == "cannot parse" and entry["retryCount"] == 2
+            assert (await queue.info())["messages"] == 1  # only the DLQ entry is left
+
+    run(backend, body)
+
+
+def test_both_the_consumer_extends_its_lease_while_a_message_is_handled(backend, server, unique):
+    async def body():
+        async with queen.Client(server.url) as client:
+            queue = client.queue(unique)
+            await queue.configure(leaseTimeSeconds=1)
+            await queue.push("slow")
+            async with aclosing(queue.consume(wait="1s")) as messages:
+                async for message in messages:
+                    await anyio.sleep(2.5)  # a real server: past the 1 s lease twice over
+                    result = await message.ack()
+                    assert result.success and not result.already  # the lease held all along
+                    break
+
+    run(backend, body)
+
+
+def test_the_sync_client_pushes_consumes_and_processes(server, unique):
+    with queen.SyncClient(server.url) as client:
+        queue = client.queue(unique)
+        assert queue.push("a", partition="p") and queue.push("b", partition="p")
+        got = []
+        for message in queue.consume(batch=2, wait="1s"):
+            got.append(message.data)
+            if len(got) == 2:
+                break
+        assert got == ["a", "b"]
+        queue.push("c")
+        delivery = queue.pop()
+        assert delivery.messages[0].ack().success
+        queue.push("bad")
+
+        class Stop(Exception):
+            pass
+
+        def handler(message):
+            if message.retry_count:
+                raise Stop
+            raise RuntimeError("first try fails")
+
+        with pytest.raises(Stop):
+            queue.process(handler, wait="1s")
+        assert queue.info()["messages"] == 1
