@@ -28,7 +28,7 @@ def _flag(field_name: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="queen", description="Queen: durable KV, leased locks with fencing tokens, over HTTP.")
+        prog="queen", description="Queen: durable KV, leased locks with fencing tokens, and partitioned queues, over HTTP.")
     parser.add_argument("--version", action="version", version=f"queen {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser(
@@ -116,12 +116,61 @@ def _add_client_commands(commands) -> None:
                     "SIGHUP are passed on to CMD. Exits with CMD's status (128+N if killed by signal N; never 0 "
                     "when the lock was lost under it), 75 when somebody else holds the lock, 69 when the broker "
                     "cannot be reached.")
+    _add_queue_commands(commands, client)
     run_locked.add_argument("name")
     run_locked.add_argument("--ttl", required=True, metavar="DURATION", help="the lease; renewed every third of it")
     run_locked.add_argument("--wait", metavar="DURATION", help="wait up to this long for the lock (default: do not wait)")
     run_locked.add_argument("--owner", help="who holds it (default: host:pid:random)")
     run_locked.add_argument("--limit", type=int, default=1, metavar="N", help="permits, for a semaphore")
     run_locked.add_argument("--grace", default="10s", metavar="DURATION", help="between SIGTERM and SIGKILL (default: 10s)")
+
+
+def _add_queue_commands(commands, client) -> None:
+    queue = commands.add_parser("queue", help="push, pop, ack and inspect queues",
+                                description="One queue call each. Exit status: 0 done, 1 nothing to pop / not queued / "
+                                            "not acked / empty DLQ, 65 rejected, 69 unreachable.")
+    actions = queue.add_subparsers(dest="action", metavar="ACTION", required=True)
+    configure = actions.add_parser("configure", parents=[client], help="create a queue or change its options "
+                                   "(those not given keep their value); prints every option")
+    configure.add_argument("queue")
+    configure.add_argument("--lease-time", metavar="DURATION", help="lease a pop grants (default 5m)")
+    configure.add_argument("--retry-limit", type=int, metavar="N", help="redeliveries before the DLQ (default 3)")
+    configure.add_argument("--dlq", action=argparse.BooleanOptionalAction, default=None,
+                           help="past the retry limit, to the DLQ (default) or redeliver until retention")
+    configure.add_argument("--delay", metavar="DURATION", help="a message is delivered this long after its push")
+    configure.add_argument("--retention", metavar="DURATION", help="remove messages this old, consumed or not")
+    configure.add_argument("--completed-retention", metavar="DURATION", help="keep consumed messages this long")
+    configure.add_argument("--dedup-window", metavar="DURATION", help="how long a transaction id stays known (default 15m)")
+    configure.add_argument("--max-size", type=int, metavar="N", help="retained messages at most (0: the server's limit)")
+    push = actions.add_parser("push", parents=[client], help="append a message")
+    push.add_argument("queue")
+    push.add_argument("value", help="JSON, or any other text as a string; - reads stdin")
+    push.add_argument("--partition", help='default "Default"')
+    push.add_argument("--transaction-id", help="makes the push idempotent (one is generated if not given)")
+    push.add_argument("--string", action="store_true", help="push VALUE as a string even if it parses as JSON")
+    pop = actions.add_parser("pop", parents=[client], help="take messages under a lease (prints the lease id on stderr)")
+    pop.add_argument("queue")
+    pop.add_argument("--partition", help="only this partition")
+    pop.add_argument("--group", help="consumer group (default __QUEUE_MODE__)")
+    pop.add_argument("--batch", type=int, default=1, metavar="N")
+    pop.add_argument("--wait", metavar="DURATION", help="wait up to this long (at most 60s) for a message")
+    pop.add_argument("--auto-ack", action="store_true", help="resolve them at once: at most once, no lease")
+    ack = actions.add_parser("ack", parents=[client], help="acknowledge a delivered message")
+    ack.add_argument("queue")
+    ack.add_argument("--lease", type=int, required=True, metavar="ID", help="the lease id the pop printed")
+    ack.add_argument("--partition-id", type=int, required=True, metavar="ID")
+    ack.add_argument("--offset", type=int, required=True, metavar="N")
+    ack.add_argument("--status", choices=("completed", "failed", "dlq"), default="completed")
+    ack.add_argument("--error", help="kept with a DLQ entry")
+    ack.add_argument("--group", help="the consumer group (default: the lease's)")
+    listing = actions.add_parser("list", parents=[client], help="every queue with its counts (--json: one object a line)")
+    listing.add_argument("--prefix", default="")
+    dlq = actions.add_parser("dlq", parents=[client], help="list a queue's dead letters, or --requeue / --purge them")
+    dlq.add_argument("queue")
+    dlq.add_argument("--group", help="only this consumer group's")
+    what = dlq.add_mutually_exclusive_group()
+    what.add_argument("--requeue", action="store_true", help="put every entry back, first in its partition")
+    what.add_argument("--purge", action="store_true", help="drop every entry")
 
 
 def resolve_config(args: argparse.Namespace, environ=os.environ) -> Config:
@@ -150,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(resolve_config(args))
-    if args.command in ("kv", "lock", "run-locked"):
+    if args.command in ("kv", "lock", "run-locked", "queue"):
         from queen.client.commands import run
 
         args.cmd = cmd

@@ -207,3 +207,33 @@ def test_three_cron_replicas_produce_exactly_one_run_per_period(server, tmp_path
         assert [r.wait(60) for r in replicas] == [0, 0, 0]
     runs = [line.split(":")[0] for line in lines(log)]
     assert sorted(runs) == periods
+
+
+# -- queues ------------------------------------------------------------------------------------------
+
+
+def test_queue_commands_configure_push_pop_ack_list_and_dlq(server):
+    configured = queen(server, "queue", "configure", "cli-orders", "--lease-time", "1m", "--retry-limit", "0", "--json")
+    assert configured.returncode == 0 and json.loads(configured.stdout)["options"]["leaseTimeSeconds"] == 60
+    pushed = queen(server, "queue", "push", "cli-orders", '{"orderId": 1}', "--partition", "c-42", "--transaction-id", "o-1")
+    assert pushed.returncode == 0 and pushed.stdout.startswith("queued c-42 offset 0")
+    again = queen(server, "queue", "push", "cli-orders", '{"orderId": 1}', "--partition", "c-42", "--transaction-id", "o-1")
+    assert again.stdout.startswith("duplicate c-42 offset 0")
+    popped = queen(server, "queue", "pop", "cli-orders", "--json")
+    delivery = json.loads(popped.stdout)
+    assert popped.returncode == 0 and delivery["messages"][0]["data"] == {"orderId": 1}
+    message = delivery["messages"][0]
+    assert queen(server, "queue", "pop", "cli-orders").returncode == 1  # leased: nothing to deliver
+    failed = queen(server, "queue", "ack", "cli-orders", "--lease", str(delivery["leaseId"]),
+                   "--partition-id", str(message["partitionId"]), "--offset", "0", "--status", "failed", "--error", "nope")
+    assert failed.returncode == 0 and failed.stdout.strip() == "moved to the DLQ"  # retry limit 0
+    lost = queen(server, "queue", "ack", "cli-orders", "--lease", str(delivery["leaseId"]),
+                 "--partition-id", str(message["partitionId"]), "--offset", "0")
+    assert lost.returncode == 1 and "lease_lost" in lost.stderr
+    listed = [json.loads(line) for line in queen(server, "queue", "list", "--prefix", "cli-", "--json").stdout.splitlines()]
+    assert [(row["queue"], row["dlq"]) for row in listed] == [("cli-orders", 1)]
+    dlq = queen(server, "queue", "dlq", "cli-orders")
+    assert dlq.returncode == 0 and "\tnope\t" in dlq.stdout
+    assert queen(server, "queue", "dlq", "cli-orders", "--requeue").stdout.strip() == "requeued 1"
+    assert json.loads(queen(server, "queue", "pop", "cli-orders", "--auto-ack", "--json").stdout)["messages"][0]["offset"] == 0
+    assert queen(server, "queue", "push", "queen-reserved", "1").returncode == 65

@@ -1,11 +1,12 @@
-"""The client side of the `queen` command: `queen kv ...`, `queen lock ...`, `queen run-locked`.
+"""The client side of the `queen` command: `queen kv ...`, `queen lock ...`, `queen run-locked`,
+`queen queue ...`.
 
 Argument parsing lives in queen/cli.py with `serve`; this module is imported only when a client
 command runs, so the server never loads the SDK.
 
 Exit status, the same for every command (sysexits.h where one fits):
   0   it did what was asked (found, applied, acquired, renewed, released; run-locked: CMD's status)
-  1   the server answered no (not found, not applied, lost, absent)
+  1   the server answered no (not found, not applied, lost, absent; nothing to pop, not acked)
   2   usage error
   65  the server rejected the request (400: a limit, a malformed value)
   69  the server could not be reached, or answered 503
@@ -19,6 +20,7 @@ import os
 import signal
 import sys
 from datetime import UTC, datetime
+from urllib.parse import quote
 
 import anyio
 
@@ -318,12 +320,142 @@ async def run_locked(args) -> int:
     return status
 
 
+# -- queues --------------------------------------------------------------------------------------------
+
+_OPTION_FLAGS = {  # flag dest -> (option, converter)
+    "lease_time": ("leaseTimeSeconds", lambda v: ttl_seconds(v, "--lease-time")),
+    "retry_limit": ("retryLimit", int),
+    "dlq": ("dlqAfterMaxRetries", bool),
+    "delay": ("delayedProcessingSeconds", lambda v: int(seconds(v, "--delay"))),
+    "retention": ("retentionSeconds", lambda v: int(seconds(v, "--retention"))),
+    "completed_retention": ("completedRetentionSeconds", lambda v: int(seconds(v, "--completed-retention"))),
+    "dedup_window": ("dedupWindowSeconds", lambda v: ttl_seconds(v, "--dedup-window")),
+    "max_size": ("maxSize", int),
+}
+
+
+async def queue_configure(args) -> int:
+    options = {}
+    for dest, (option, convert) in _OPTION_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            options[option] = convert(value)
+    async with _client(args) as client:
+        effective = await client.queue(args.queue).configure(**options)
+    if args.json:
+        _print_json({"queue": args.queue, "options": effective})
+    else:
+        for option, value in effective.items():
+            print(f"{option} {_show_value(value)}")
+    return EXIT_OK
+
+
+async def queue_push(args) -> int:
+    async with _client(args) as client:
+        result = await client.queue(args.queue).push(_value(args), partition=args.partition,
+                                                     transaction_id=args.transaction_id)
+    if args.json:
+        _print_json({"status": result.status, "queue": result.queue, "partition": result.partition,
+                     "partitionId": result.partition_id, "messageId": result.message_id, "offset": result.offset,
+                     "transactionId": result.transaction_id, "reason": result.reason})
+    elif result.status == "failed":
+        print(f"queen: not queued: {result.reason}", file=sys.stderr)
+    else:
+        print(f"{result.status} {result.partition} offset {result.offset} (message {result.message_id})")
+    return EXIT_OK if result else EXIT_NO
+
+
+async def queue_pop(args) -> int:
+    async with _client(args) as client:
+        delivery = await client.queue(args.queue).pop(group=args.group, batch=args.batch, partition=args.partition,
+                                                      wait=args.wait, auto_ack=args.auto_ack)
+    if args.json:
+        _print_json({"leaseId": delivery.lease_id, "expiresAt": delivery.expires_at_ms, "reason": delivery.reason,
+                     "messages": [{"partition": m.partition, "partitionId": m.partition_id, "offset": m.offset,
+                                   "messageId": m.message_id, "transactionId": m.transaction_id, "data": m.data,
+                                   "retryCount": m.retry_count, "leaseId": m.lease_id} for m in delivery.messages]})
+    elif delivery.messages:
+        if delivery.lease_id is not None:
+            print(f"lease {delivery.lease_id} until {_iso(delivery.expires_at_ms)}; ack with: queen queue ack "
+                  f"{args.queue} --lease {delivery.lease_id} --partition-id {delivery.messages[0].partition_id} "
+                  f"--offset N", file=sys.stderr)
+        for m in delivery.messages:
+            print(f"{m.partition}\t{m.offset}\t{_show_value(m.data)}" + (f"\tretry {m.retry_count}" if m.retry_count else ""))
+    else:
+        print(f"queen: nothing to deliver ({delivery.reason})", file=sys.stderr)
+    return EXIT_OK if delivery.messages else EXIT_NO
+
+
+async def queue_ack(args) -> int:
+    wire = {"partitionId": args.partition_id, "leaseId": args.lease, "offset": args.offset, "status": args.status}
+    if args.error is not None:
+        wire["error"] = args.error
+    if args.group is not None:
+        wire["consumerGroup"] = args.group
+    async with _client(args) as client:
+        answer = await client._transport.call("POST", "/api/v1/ack", wire, safe=True)
+    if args.json:
+        _print_json(answer)
+    elif answer["success"]:
+        print("already acked" if answer.get("already") else
+              ("moved to the DLQ" if answer.get("dlq") else f"acked {args.status}"))
+    else:
+        print(f"queen: not acked: {answer['reason']}", file=sys.stderr)
+    return EXIT_OK if answer["success"] else EXIT_NO
+
+
+async def queue_list(args) -> int:
+    async with _client(args) as client:
+        cursor = None
+        rows = []
+        while True:
+            params = f"?prefix={quote(args.prefix)}" + (f"&cursor={cursor}" if cursor else "")
+            page = await client._transport.call("GET", "/api/v1/resources/queues" + params, safe=True)
+            rows += page["items"]
+            cursor = page["cursor"]
+            if cursor is None:
+                break
+    for row in rows:
+        if args.json:
+            _print_json(row)
+        else:
+            print(f"{row['queue']}\tmessages {row['messages']}\tpending {row['pending']}\tin flight {row['inFlight']}"
+                  f"\tdlq {row['dlq']}\tpartitions {row['partitions']}\tgroups {','.join(row['groups']) or '-'}")
+    return EXIT_OK
+
+
+async def queue_dlq(args) -> int:
+    async with _client(args) as client:
+        queue = client.queue(args.queue)
+        if args.purge:
+            purged = await queue.purge_dlq(group=args.group)
+            _print_json({"purged": purged}) if args.json else print(f"purged {purged}")
+            return EXIT_OK
+        entries = [entry async for entry in queue.dlq(group=args.group)]
+        if args.requeue:
+            done = 0
+            for group in sorted({e["consumerGroup"] for e in entries}):
+                chosen = [e for e in entries if e["consumerGroup"] == group]
+                done += sum(await queue.requeue(chosen, group=group))
+            _print_json({"requeued": done}) if args.json else print(f"requeued {done}")
+            return EXIT_OK
+    for entry in entries:
+        if args.json:
+            _print_json(entry)
+        else:
+            print(f"{entry['consumerGroup']}\t{entry['partition']}\t{entry['offset']}\tretry {entry['retryCount']}"
+                  f"\t{entry['error'] or '-'}\t{_show_value(entry['data'])}")
+    return EXIT_OK if entries else EXIT_NO
+
+
 _COMMANDS = {
     ("kv", "get"): kv_get, ("kv", "put"): kv_put, ("kv", "delete"): kv_delete, ("kv", "incr"): kv_incr,
     ("kv", "list"): kv_list,
     ("lock", "acquire"): lock_acquire, ("lock", "renew"): lock_renew, ("lock", "release"): lock_release,
     ("lock", "status"): lock_status, ("lock", "list"): lock_list,
     ("run-locked", None): run_locked,
+    ("queue", "configure"): queue_configure, ("queue", "push"): queue_push, ("queue", "pop"): queue_pop,
+    ("queue", "ack"): queue_ack, ("queue", "list"): queue_list, ("queue", "dlq"): queue_dlq,
 }
 
 __all__ = ["run", "ClientError"]
