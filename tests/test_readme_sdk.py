@@ -25,6 +25,7 @@ def section_blocks(heading: str, language: str) -> list[str]:
 
 PYTHON_BLOCKS = section_blocks("Python SDK", "python")
 SH_BLOCKS = section_blocks("CLI", "sh")
+QUEUE_CURL_BLOCKS = section_blocks("Queues", "sh")
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +33,12 @@ def env(tmp_path_factory):
     with ServerProcess(str(tmp_path_factory.mktemp("queen") / "data")) as server:
         bin_dir = os.path.dirname(sys.executable)  # where `queen` is installed beside this python
         yield dict(os.environ, QUEEN_URL=server.url, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+
+
+@pytest.fixture
+def fresh_server(tmp_path):
+    with ServerProcess(str(tmp_path / "data")) as server:
+        yield server
 
 
 def test_the_sections_have_examples():
@@ -48,3 +55,17 @@ def test_cli_examples_run_in_order(env):
     for block in SH_BLOCKS:
         done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"{block}\n{done.stdout}\n{done.stderr}"
+
+
+def test_the_queue_curl_examples_answer_what_they_say(fresh_server):
+    """Run as a user would, on a fresh server: the README's address is this test server's."""
+    [block] = QUEUE_CURL_BLOCKS
+    script = block.replace("localhost:6632", f"127.0.0.1:{fresh_server.port}")
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert '"configured":true' in out and '"status":"queued"' in out
+    assert '"success":true,"queue":"orders"' in out  # the pop
+    assert '"leaseReleased":true,"dlq":false,"retryCount":1' in out  # the failed ack
+    assert '"dlq":true' in out and '"total":1' in out and '"error":"bad address"' in out
+    assert '"found":true' in out and '"items":[{"partition":"customer-42"' in out
