@@ -154,10 +154,10 @@ class PushItem:
         self.index = index
         self.queue = queue
         self.partition = partition
-        self.payload = payload
+        self.payload = payload  # its JSON encoding (bytes)
         self.transaction_id = transaction_id
         self.trace_id = trace_id
-        self.size = size  # the payload's JSON encoding, in bytes: what it costs to keep and deliver
+        self.size = size  # len(payload): what it costs to keep and deliver
 
 
 _PUSH_FIELDS = frozenset(("items",))
@@ -196,8 +196,7 @@ def parse_push_item(raw, index: int, limits: Limits, section: str | None = None)
             partition, "partition", "invalid_partition", limits.partition_name_bytes_max, index)
         if "payload" not in raw:
             fail("payload_required", "each item needs a payload (null is a payload)", index)
-        payload = raw["payload"]
-        size = payload_size(payload, limits, index)
+        payload = encode_payload(raw["payload"], limits, index)
         transaction_id = producer_id(raw.get("transactionId"), limits, index)
         trace = raw.get("traceId")
         if trace is not None and (type(trace) is not str or len(trace.encode()) > limits.trace_id_bytes_max):
@@ -205,18 +204,20 @@ def parse_push_item(raw, index: int, limits: Limits, section: str | None = None)
     except BadRequest as error:
         error.details.update(_where(section))
         raise
-    return PushItem(index, queue, partition, payload, transaction_id, trace, size)
+    return PushItem(index, queue, partition, payload, transaction_id, trace, len(payload))
 
 
-def payload_size(payload, limits: Limits, index) -> int:
+def encode_payload(payload, limits: Limits, index) -> bytes:
+    """The payload's JSON encoding: what a queue keeps, logs and delivers (byte strings in their
+    JSON form, turned back into bytes for a CBOR client)."""
     try:
-        size = len(orjson.dumps(payload, default=json_default))
+        encoded = orjson.dumps(payload, default=json_default)
     except TypeError:
         fail("invalid_items", "payload must be representable as JSON (or hold byte strings)", index)
-    if size > limits.value_bytes_max:
-        fail("payload_too_large", f"payload is {size} bytes encoded; the limit is {limits.value_bytes_max}", index,
-             bytes=size, limit=limits.value_bytes_max)
-    return size
+    if len(encoded) > limits.value_bytes_max:
+        fail("payload_too_large", f"payload is {len(encoded)} bytes encoded; the limit is {limits.value_bytes_max}",
+             index, bytes=len(encoded), limit=limits.value_bytes_max)
+    return encoded
 
 
 def _where(section: str | None) -> dict:

@@ -397,7 +397,7 @@ _SCHEMA = {
     17: (QueueDelete, 2, lambda f: _version(f[0]) and _str(f[1])),
     18: (PartitionCreate, 4, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _time(f[3])),
     19: (Append, 10, lambda f: _version(f[0]) and _str(f[1]) and _version(f[2]) and _int(f[3]) and _opt_str(f[4])
-         and _opt_str(f[6]) and _time(f[7]) and _time(f[8]) and _time(f[9])),
+         and type(f[5]) is bytes and _opt_str(f[6]) and _time(f[7]) and _time(f[8]) and _time(f[9])),
     20: (GroupJoin, 5, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and f[3] in ("all", "new") and _time(f[4])),
     21: (GroupDelete, 3, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2])),
     22: (Grant, 7, _check_grant),

@@ -39,5 +39,11 @@ def decode_body(body: bytes, content_type: bytes):
 def encode_body(document, wants_cbor: bool) -> tuple[bytes, bytes]:
     """(body, content type)."""
     if wants_cbor:
-        return cbor2.dumps(document), CBOR
+        try:
+            return cbor2.dumps(document), CBOR
+        except cbor2.CBOREncodeError:
+            # A queue message's payload is kept as its JSON encoding (an orjson.Fragment, opaque to
+            # cbor2): through JSON and back, byte strings restored.
+            plain = decode_json_bytes(orjson.loads(orjson.dumps(document, default=json_default)))
+            return cbor2.dumps(plain), CBOR
     return orjson.dumps(document, default=json_default), JSON

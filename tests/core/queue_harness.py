@@ -1,5 +1,8 @@
 """A queue shard driven step by step through State.apply, as the server drives it, for the pure
-tests: now_ms is passed in, records are decoded and kept, parked pops answered later are collected."""
+tests: now_ms is passed in, records are decoded and kept, parked pops answered later are collected,
+and answers are seen as a JSON client sees them."""
+
+import orjson
 
 from queen.core import records as rec
 from queen.core.limits import Limits
@@ -15,8 +18,18 @@ from queen.core.queue_ops import (
     parse_push,
 )
 from queen.core.state import Abandon, Ops, State, Tick
+from queen.core.values import json_default
 
 T0 = 1_700_000_000_000
+
+
+def wire(document):
+    """document as a JSON client reads it (a message's payload is kept encoded, as a Fragment); an
+    error answer (an exception, or a refusal marker holding one) as it is."""
+    try:
+        return orjson.loads(orjson.dumps(document, default=json_default))
+    except TypeError:
+        return document
 
 
 class Queues:
@@ -30,7 +43,7 @@ class Queues:
     def step(self, step):
         applied = self.state.apply(step, self.now)
         self.records += rec.decode(applied.records)
-        return applied.answers
+        return [(to, position, wire(answer)) for to, position, answer in applied.answers]
 
     def call(self, op, reply_to=None):
         reply_to = reply_to if reply_to is not None else object()

@@ -3,12 +3,13 @@ Every step goes through State.apply with now_ms passed in; nothing sleeps."""
 
 import pytest
 
+from queen.core import queues
 from queen.core import records as rec
 from queen.core.limits import Limits
 from queen.core.queue_ops import parse_ack_item, parse_pop, parse_push
 from queen.core.state import State
 from queen.errors import BadRequest
-from tests.core.queue_harness import T0, Queues
+from tests.core.queue_harness import T0, Queues, wire
 
 
 def messages(answer):
@@ -161,6 +162,39 @@ def test_transaction_ids_make_a_push_idempotent_in_its_partition():
     assert q.push({"payload": 5, "transactionId": "t"}, partition="other")[0]["status"] == "queued"  # per partition
 
 
+def test_producer_ids_are_forgotten_after_their_window_but_not_while_their_message_is_retained():
+    q = Queues()
+    q.configure(dedupWindowSeconds=1)
+    q.push(*[{"payload": i, "transactionId": f"t{i}"} for i in range(3)], partition="p")
+    table = q.state.shards[0].queues
+    partition = table.queues["orders"].partitions["p"]
+    for message in q.pop(batch=2)["messages"]:
+        q.ack(message)  # t0 and t1 consumed and removed; t2 still retained
+    q.now += 1000
+    q.tick()
+    assert list(partition.dedupe) == ["t2"]
+    assert q.push({"payload": 9, "transactionId": "t2"}, partition="p")[0]["status"] == "duplicate"
+    q.ack(q.pop()["messages"][0])
+    q.now += 60_000  # looked at again a minute later, its message gone
+    q.tick()
+    assert partition.dedupe == {} and table.shared.bytes == 0
+
+
+def test_a_backlog_of_producer_ids_is_forgotten_a_budget_per_tick(monkeypatch):
+    monkeypatch.setattr(queues, "DEDUPE_SWEEP_BUDGET", 2)
+    q = Queues()
+    q.configure(dedupWindowSeconds=1)
+    q.push(*[{"payload": i, "transactionId": f"t{i}"} for i in range(5)], partition="p")
+    q.pop(batch=5, autoAck=True)
+    partition = q.state.shards[0].queues.queues["orders"].partitions["p"]
+    q.now += 1000
+    left = []
+    for _ in range(3):
+        q.tick(50)
+        left.append(len(partition.dedupe))
+    assert left == [3, 1, 0]
+
+
 def test_capacity_answers_failed_with_a_reason_and_appends_nothing():
     q = Queues(Limits(partitions_per_queue_max=1, queue_bytes_max=100))
     q.configure(maxSize=2)
@@ -292,7 +326,7 @@ def test_a_snapshot_rebuilds_the_same_queues():
     live, restored = q.state.shards[0].queues, copy.shards[0].queues
     assert restored.queue_info("orders", q.now) == live.queue_info("orders", q.now)
     assert restored.partitions_page("orders", None, "", None, 100, q.now) == live.partitions_page("orders", None, "", None, 100, q.now)
-    assert restored.dlq_list("orders", None, None, None, 0, 10) == live.dlq_list("orders", None, None, None, 0, 10)
+    assert wire(restored.dlq_list("orders", None, None, None, 0, 10)) == wire(live.dlq_list("orders", None, None, None, 0, 10))
     # The dedupe window survives too.
     assert restored.push(parse_push({"items": [{"queue": "orders", "partition": "p", "payload": 9, "transactionId": "t1"}]},
                                     Limits()), q.now, [])[0]["status"] == "duplicate"

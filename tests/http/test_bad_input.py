@@ -166,6 +166,23 @@ async def test_byte_strings_round_trip_over_cbor_and_show_in_their_documented_js
         assert got["value"] == value
 
 
+async def test_a_queue_payload_with_byte_strings_round_trips_over_cbor_and_json(tmp_path, autojump_clock):
+    # A queue keeps a payload as its JSON encoding; a CBOR pop gets the bytes back all the same.
+    async with open_server(tmp_path / "d") as server:
+        payload = {"raw": b"\x00\xff\xfe", "n": [1, 2.5, None]}
+        raw = await exchange(server.port, post(b"/api/v1/push", cbor2.dumps({"items": [
+            {"queue": "q", "partition": "p", "payload": payload}]}), b"application/cbor"))
+        assert raw.startswith(b"HTTP/1.1 200 ") and b"queued" in raw, raw[:300]
+        request = b"GET /api/v1/pop/queue/q?autoAck=true HTTP/1.1\r\nhost: q\r\naccept: application/cbor\r\n\r\n"
+        got = cbor2.loads((await exchange(server.port, request)).partition(b"\r\n\r\n")[2])
+        assert got["success"] is True and got["messages"][0]["data"] == payload
+        json_form = {"raw": {"$bytes": "AP/+"}, "n": [1, 2.5, None]}
+        client = HttpClient(server.port)
+        await client.request("POST", "/api/v1/push", {"items": [{"queue": "q", "partition": "p", "payload": json_form}]})
+        _, as_json = await client.request("GET", "/api/v1/pop/queue/q?autoAck=true")
+        assert as_json["messages"][0]["data"] == json_form
+
+
 @pytest.mark.parametrize("value", [
     cbor2.CBORTag(1, 1700000000),  # a datetime
     cbor2.CBORTag(37, b"\x00" * 16),  # a UUID
