@@ -25,6 +25,8 @@ from __future__ import annotations
 import base64
 import heapq
 import struct
+import sys
+from array import array
 from collections import deque
 
 import orjson
@@ -67,6 +69,8 @@ ENDED_LEASES_KEPT = 100_000
 # an answer as an orjson.Fragment, written out as is.
 #   head: message_id, created_at_ms, available_at_ms, bytes of the producer id (-1: none, then
 #   it is queen:<offset>), bytes of the trace id (-1: none); then the two ids (UTF-8), then the payload.
+# Snapshots store messages and dedupe entries packed as they are (records kinds 28 and 30), so the
+# two layouts are part of the on-disk format: change them only with the format version.
 _HEAD = struct.Struct("<qqqii")
 _CREATED = struct.Struct("<q")
 _AVAILABLE_AT = 16
@@ -1362,12 +1366,37 @@ class QueueTable:
             partition = queue.by_id[record.partition_id]
             partition.next_offset = record.next_offset
             partition.removed_below = record.removed_below
+        elif kind is rec.PartitionMessages:
+            self._apply_messages(queue, queue.by_id[record.partition_id], record)
         elif kind is rec.Dedupe:
             partition = queue.by_id[record.partition_id]
-            self._remember_producer_id(queue, partition, record.transaction_id, record.offset, record.message_id,
-                                       record.created_at_ms, record.until_ms)
+            if len(record.entries) != len(record.ids) * _DEDUPE.size:
+                raise ValueError(f"a dedupe record of {len(record.ids)} ids holds {len(record.entries)} bytes")
+            for tid, entry in zip(record.ids, _DEDUPE.iter_unpack(record.entries), strict=True):
+                self._remember_producer_id(queue, partition, tid, *entry)
         else:
             raise ValueError(f"not a queue record: {record!r}")
+
+    def _apply_messages(self, queue: Queue, partition: Partition, record) -> None:
+        """A snapshot's messages of one partition, taken in whole (the effects of _apply_append,
+        once for all of them)."""
+        offsets, lengths, blob = _read_int_array("q", record.offsets), _read_int_array("I", record.lengths), record.packed
+        if sum(lengths) != len(blob) or not offsets:
+            raise ValueError(f"a messages record of {len(offsets)} messages holds {len(blob)} bytes")
+        messages = partition.messages
+        size = position = 0
+        for offset, length in zip(offsets, lengths, strict=True):
+            packed = blob[position:position + length]
+            position += length
+            messages[offset] = packed
+            size += payload_bytes(packed)
+        partition.next_offset = max(partition.next_offset, offsets[-1] + 1)
+        partition.bytes += size
+        queue.messages += len(offsets)
+        queue.bytes += size
+        self.shared.bytes += size
+        self._schedule_sweep(queue, partition, created_at(packed))
+        self.dirty[queue.name] = None
 
     def _apply_group_partition(self, queue: Queue, record) -> None:
         partition = queue.by_id[record.partition_id]
@@ -1390,9 +1419,8 @@ class QueueTable:
             for partition in queue.partitions.values():
                 states = [(name, state.floor, BitMap(state.resolved), dict(state.retries), dict(state.dlq))
                           for name, state in partition.groups.items()]
-                dedupe = [(tid, *_DEDUPE.unpack(entry)) for tid, entry in partition.dedupe.items()]
                 partitions.append((partition.id, partition.name, partition.created_at_ms, dict(partition.messages),
-                                   states, dedupe, partition.next_offset, partition.removed_below))
+                                   states, dict(partition.dedupe), partition.next_offset, partition.removed_below))
             groups = [(g.join_version, g.name, g.mode, g.joined_at_ms) for g in queue.groups.values()]
             leases = [(lease.lease_id, g.name, lease.acquired_at_ms, lease.expires_at_ms,
                        [[pid, list(offsets)] for pid, offsets in lease.held.items()])
@@ -1407,24 +1435,37 @@ def snapshot_records(copies, out: list) -> None:
         rec.queue_set(out, version, name, created_at_ms, options)
         for partition_id, partition_name, partition_created, messages, _, dedupe, next_offset, removed_below in partitions:
             rec.partition(out, partition_id, name, partition_name, partition_created)
-            until = {tid: until_ms for tid, _, _, _, until_ms in dedupe}
-            for offset, packed in messages.items():
-                message_id, tid, data, trace_id, created_at_ms, available_at_ms = unpack_message(packed)
-                rec.append(out, message_id, name, partition_id, offset, tid, data, trace_id, created_at_ms,
-                           available_at_ms, until.get(tid, 0) if tid else 0)
+            if messages:
+                out += (30, name, partition_id, _int_array("q", messages.keys()),
+                        _int_array("I", map(len, messages.values())), b"".join(messages.values()))
+            if dedupe:
+                out += (28, name, partition_id, list(dedupe), b"".join(dedupe.values()))
             out += (29, name, partition_id, next_offset, removed_below)
         for join_version, group, mode, joined_at_ms in groups:
             rec.group_join(out, join_version, name, group, mode, joined_at_ms)
-        for partition_id, _, _, messages, states, dedupe, _, _ in partitions:
+        for partition_id, _, _, _, states, _, _, _ in partitions:
             for group, floor, resolved, retries, dlq in states:
                 out += (27, name, group, partition_id, floor, resolved.serialize(),
                         [x for item in retries.items() for x in item],
                         [x for offset, (error, at_ms) in dlq.items() for x in (offset, error, at_ms)])
-            for tid, offset, message_id, created_at_ms, until_ms in dedupe:
-                if offset not in messages:  # the message is gone, its producer id not yet
-                    out += (28, name, partition_id, tid, offset, message_id, created_at_ms, until_ms)
         for lease_id, group, acquired_at_ms, expires_at_ms, deliveries in leases:
             rec.grant(out, lease_id, name, group, acquired_at_ms, expires_at_ms, False, deliveries)
+
+
+def _int_array(code: str, values) -> bytes:
+    """values as a little-endian array of fixed-size integers, built in C."""
+    packed = array(code, values)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _read_int_array(code: str, raw: bytes) -> array:
+    values = array(code)
+    values.frombytes(raw)
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values
 
 
 def _nothing(op: PopOp, reason: str) -> dict:

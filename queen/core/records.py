@@ -247,19 +247,29 @@ class PartitionState(NamedTuple):
 
 
 class Dedupe(NamedTuple):
+    """A snapshot's producer ids of one partition, as the queue keeps them, oldest first."""
     queue: str
     partition_id: int
-    transaction_id: str
-    offset: int
-    message_id: int
-    created_at_ms: int
-    until_ms: int
+    ids: list  # of str
+    entries: bytes  # their packed entries, concatenated (fixed size each)
+
+
+class PartitionMessages(NamedTuple):
+    """A snapshot's retained messages of one partition, as the queue keeps them: one record of
+    three byte strings, not one record per message, so a snapshot of a million messages is built
+    by C loops while the server goes on (it shares the interpreter with the snapshot's thread)."""
+    queue: str
+    partition_id: int
+    offsets: bytes  # int64 little-endian, in offset order
+    lengths: bytes  # uint32 little-endian: each packed message's length
+    packed: bytes  # the packed messages, concatenated
 
 
 QUEUE_RECORDS = (QueueSet, QueueDelete, PartitionCreate, Append, GroupJoin, GroupDelete, Grant, MessageState, LeaseEnd,
-                 LeaseExtend, Remove, GroupPartition, Dedupe, PartitionState)
+                 LeaseExtend, Remove, GroupPartition, Dedupe, PartitionState, PartitionMessages)
 Record = Put | Delete | Ceiling | SegmentCut | QueueSet | QueueDelete | PartitionCreate | Append | GroupJoin | \
-    GroupDelete | Grant | MessageState | LeaseEnd | LeaseExtend | Remove | GroupPartition | Dedupe | PartitionState
+    GroupDelete | Grant | MessageState | LeaseEnd | LeaseExtend | Remove | GroupPartition | Dedupe | PartitionState | \
+    PartitionMessages
 
 _PUT, _DELETE, _CEILING, _SEGMENT_CUT = int(Kind.PUT), int(Kind.DELETE), int(Kind.CEILING), int(Kind.SEGMENT_CUT)
 
@@ -387,6 +397,7 @@ def _check_grant(f) -> bool:
 
 _STATES = frozenset(("completed", "pending", "dlq", "purged"))
 
+
 # kind -> (record type, field count, field check)
 _SCHEMA = {
     _PUT: (Put, 8, _check_put),
@@ -409,9 +420,11 @@ _SCHEMA = {
          and _time(f[5])),
     27: (GroupPartition, 7, lambda f: _str(f[0]) and _str(f[1]) and _version(f[2]) and _int(f[3]) and type(f[4]) is bytes
          and type(f[5]) is list and type(f[6]) is list),
-    28: (Dedupe, 7, lambda f: _str(f[0]) and _version(f[1]) and _str(f[2]) and _int(f[3]) and _version(f[4]) and _time(f[5])
-         and _time(f[6])),
+    28: (Dedupe, 4, lambda f: _str(f[0]) and _version(f[1]) and type(f[2]) is list and all(type(i) is str for i in f[2])
+         and type(f[3]) is bytes),
     29: (PartitionState, 4, lambda f: _str(f[0]) and _version(f[1]) and _int(f[2]) and _int(f[3]) and f[3] <= f[2]),
+    30: (PartitionMessages, 5, lambda f: _str(f[0]) and _version(f[1]) and type(f[2]) is bytes and type(f[3]) is bytes
+         and type(f[4]) is bytes and len(f[2]) == 2 * len(f[3]) and len(f[2]) % 8 == 0),
 }
 
 
