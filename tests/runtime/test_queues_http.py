@@ -1,6 +1,7 @@
 """The queue routes over HTTP, route by route, against the shapes, defaults and reasons the README
 documents; time in MockClock's virtual seconds."""
 
+import pytest
 import trio
 import trio.testing
 
@@ -180,14 +181,19 @@ async def test_admin_views_group_and_queue_deletion(tmp_path, autojump_clock):
         assert info == {"found": False, "queue": "orders"}
 
 
-async def test_leases_offsets_dlq_and_dedupe_survive_a_restart_and_ids_keep_rising(tmp_path, autojump_clock):
+@pytest.mark.parametrize("from_snapshot", [False, True], ids=["from-log", "from-snapshot"])
+async def test_leases_offsets_dlq_and_dedupe_survive_a_restart_and_ids_keep_rising(from_snapshot, tmp_path, autojump_clock):
     data_dir = tmp_path / "d"
-    async with open_server(data_dir) as server:
+    settings = {"snapshot_wal_bytes": 1, "shard_count": 1} if from_snapshot else {}  # a snapshot after every write
+    async with open_server(data_dir, **settings) as server:
         c = HttpClient(server.port)
         pushed = await push(c, {"payload": 1, "transactionId": "t1"}, 2, 3)
         got = await pop(c, batch=2)
         await ack(c, got["messages"][0], status="dlq")
-    async with open_server(data_dir) as server:
+        await trio.testing.wait_all_tasks_blocked()  # the last snapshot written
+    if from_snapshot:
+        assert list(data_dir.glob("*.snap"))
+    async with open_server(data_dir, **settings) as server:
         c = HttpClient(server.port)
         again = await push(c, {"payload": 9, "transactionId": "t1"})
         assert again[0]["status"] == "duplicate" and again[0]["messageId"] == pushed[0]["messageId"]
