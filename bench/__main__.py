@@ -3,10 +3,11 @@
 A session: measure the data disk's fsync rate (the physical limit of every durable figure); start
 every server the chosen workloads and peers need (a fresh `queen serve` on a temporary data
 directory, the do-nothing baseline on Queen's HTTP layer, Redis with appendfsync always and without
-persistence, single-node etcd), each pinned to the server CPU, and wait until each answers; run
-every (workload, connections, ops per request, system), `--repeat` rounds interleaved, with the
-generator pinned to the generator CPU (the raw-socket generator for Queen and Redis, the Go
-clientv3 loader for etcd); stop each server with SIGTERM by its pid. Then results.json,
+persistence, single-node etcd, PostgreSQL 15, NATS with JetStream), each pinned to the server CPU,
+and wait until each answers; run every (workload, connections, ops per request, system),
+`--repeat` rounds interleaved, with the generator pinned to the generator CPU (the raw-socket
+generator for Queen and Redis, the Go loader for etcd, PostgreSQL, NATS and queue latency); stop
+each server with SIGTERM by its pid. Then results.json,
 results.md and chart.png go to the out directory and the Markdown is printed. A peer that is not
 installed is reported as such, never skipped in silence. The exit status is 1 when any run saw an
 error, so a script cannot mistake a broken run for a slow one.
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from bench import diskprobe, report, sysinfo
+from bench import diskprobe, queue_sessions, report, sysinfo
 from bench.loadgen import ENGINES, Generator
 from bench.profile import Profiler
 from bench.servers import (
@@ -31,7 +32,10 @@ from bench.servers import (
     ServerProcess,
     baseline_server,
     etcd_server,
+    loader_built,
+    nats_server,
     peer_missing,
+    postgres_server,
     queen_server,
     redis_call,
     redis_server,
@@ -49,9 +53,14 @@ from bench.workloads import (
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_WORKLOADS = ("lock-cycle,lock-renew,lock-hot,lock-hot-wait,sem8,sem8-wait,kv-put,kv-get,kv-cas,txn-guarded,"
-                     "baseline-http")
-QUICK_WORKLOADS = "lock-cycle,lock-hot-wait,kv-put,kv-cas,txn-guarded"
-PEERS = {"redis": ("redis-aof", "redis-mem"), "etcd": ("etcd",)}
+                     "queue-push,queue-cycle,queue-peak,queue-latency,baseline-http")
+QUICK_WORKLOADS = "lock-cycle,lock-hot-wait,kv-put,kv-cas,txn-guarded,queue-push,queue-cycle"
+PEERS = {"redis": ("redis-aof", "redis-mem"), "etcd": ("etcd",), "postgres": ("postgres",), "nats": ("nats",)}
+# Messages a queue-cycle run starts with, per family: what the fastest run of it measured on a
+# 2-core VM consumes in a 12 s run at 64 messages per pop, times 1.3-1.6 (a Redis, PostgreSQL or
+# NATS consumer owns a sixteenth of the partitions, so one that finishes its share early would
+# find nothing). A run that drains a queue anyway says so (error "ran_dry"): raise --queue-preload.
+QUEUE_PRELOAD = {"queen": 1_200_000, "redis": 3_000_000, "postgres": 800_000, "nats": 1_000_000}
 
 
 def _int_list(text: str) -> list[int]:
@@ -71,9 +80,9 @@ def _cpu_list(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
-        description="Load-test Queen (locks, semaphores, KV, guarded transactions) side by side with Redis and etcd "
-                    "and a do-nothing HTTP ceiling; write results.json, results.md and chart.png. Run from the "
-                    "repository root.")
+        description="Load-test Queen (locks, semaphores, KV, guarded transactions, queues) side by side with Redis, "
+                    "etcd, PostgreSQL and NATS JetStream and a do-nothing HTTP ceiling; write results.json, "
+                    "results.md and chart.png. Run from the repository root.")
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run (default 10)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds sent before measuring (default 2)")
     parser.add_argument("--connections", type=_int_list, default=[1, 16, 64],
@@ -81,9 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ops", type=_int_list, default=[1, 64], help="comma list of operations per request (default 1,64)")
     parser.add_argument("--workloads", default=DEFAULT_WORKLOADS,
                         help=f"comma list, run in this order; known: {', '.join(WORKLOADS)} (default {DEFAULT_WORKLOADS})")
-    parser.add_argument("--peers", default="redis,etcd",
+    parser.add_argument("--peers", default="redis,etcd,postgres,nats",
                         help="comma list of peers run beside Queen: redis (appendfsync always, and no persistence), "
-                             "etcd; 'none' for Queen alone (default redis,etcd)")
+                             "etcd, postgres (15, synchronous_commit on), nats (JetStream, file storage); 'none' for "
+                             "Queen alone (default redis,etcd,postgres,nats)")
     parser.add_argument("--out", default=None, help="output directory (default bench/out/<timestamp>)")
     parser.add_argument("--quick", action="store_true",
                         help=f"a smoke check under 60 s: 1 s runs after 0.3 s warm-up, 16 connections, 1 and 64 ops, "
@@ -96,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--server-cpus", type=_cpu_list, default=[0], help="CPUs the server is pinned to (default 0)")
     parser.add_argument("--generator-cpus", type=_cpu_list, default=[1], help="CPUs the generator is pinned to (default 1)")
     parser.add_argument("--keys", type=int, default=KEYS_TOTAL, help=f"distinct keys, bounding the rows (default {KEYS_TOTAL})")
+    parser.add_argument("--queue-preload", type=int, default=None, metavar="N",
+                        help="messages in the queue when a queue-cycle run starts (default: per system, enough for a "
+                             "12 s run at the fastest rate measured on a 2-core VM at 64 per pop, scaled by the run's "
+                             "length; 1/8 of that at 1 per pop)")
     parser.add_argument("--profile", action="store_true",
                         help="after the clean runs, run each workload again with py-spy on its server and report CPU by layer")
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
@@ -133,13 +147,17 @@ def plan_runs(args, systems: list[str]) -> list[tuple[Workload, str, int, int, b
     unknown = [name for name in names if name not in WORKLOADS]
     if unknown:
         raise SystemExit(f"bench: unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")
+    if "queue-latency" in names and "queue-peak" not in names:  # its pace is half of queue-peak's rate
+        names.insert(names.index("queue-latency"), "queue-peak")
     runs = []
     for name in names:
         workload = WORKLOADS[name]
-        for connections in args.connections:
+        for connections in ([workload.fixed_connections] if workload.fixed_connections else args.connections):
             for ops in ([workload.fixed_ops] if workload.fixed_ops else args.ops):
                 for system in SYSTEM_ORDER:
                     if (system == "baseline" or system in systems) and FAMILY[system] in workload.drivers:
+                        if isinstance(workload.drivers[FAMILY[system]], str) and not loader_built():
+                            continue  # said once, in main
                         runs.append((workload, system, ops, connections, False))
     if args.profile:  # the profiler reads Python stacks: Queen and the baseline only
         runs += [(w, system, ops, c, True) for w, system, ops, c, _ in list(runs) if system in ("queen", "baseline")]
@@ -170,7 +188,7 @@ def preload(system: str, server: ServerProcess, keys_total: int) -> None:
             if any(reply != b"OK" for reply in replies):
                 raise RuntimeError(f"redis preload failed: {replies[:3]!r}")
     elif FAMILY[system] == "etcd":
-        from bench.peers.etcd import preload as etcd_preload
+        from bench.peers.loader import preload as etcd_preload
         etcd_preload(server.port, keys_total)
 
 
@@ -185,19 +203,79 @@ def run_tag() -> str:
     return f"r{os.getpid() % 1000}x{int(time.time()) % 100000}n{_run_counter}"
 
 
-def make_generator(args, system: str, server: ServerProcess, workload: Workload, ops: int, connections: int):
-    if FAMILY[system] == "etcd":
-        from bench.peers.etcd import EtcdLoader
-        return EtcdLoader(HOST, server.port, workload, ops, connections, cpus=args.generator_cpus or None,
-                          keys_total=args.keys, tag=run_tag())
+def queue_preload_size(args, system: str, ops: int) -> int:
+    if args.queue_preload is not None:
+        return args.queue_preload
+    planned = QUEUE_PRELOAD[FAMILY[system]] * (args.warmup + args.duration) / 12.0
+    return max(10_000, int(planned if ops >= 16 else planned / 4))
+
+
+def make_generator(args, system: str, server: ServerProcess, workload: Workload, ops: int, connections: int, tag: str,
+                   loader_args: tuple = ()):
+    driver = workload.drivers[FAMILY[system]]
+    if isinstance(driver, str):  # the Go loader's workload
+        from bench.peers.loader import PeerLoader
+        return PeerLoader(HOST, server.port, FAMILY[system], driver, workload.loader_ops or ops, connections,
+                          cpus=args.generator_cpus or None, keys_total=args.keys, tag=tag, extra=loader_args)
     return Generator(HOST, server.port, workload, system, ops, connections, processes=args.processes,
-                     engine=args.engine, cpus=args.generator_cpus or None, keys_total=args.keys, tag=run_tag())
+                     engine=args.engine, cpus=args.generator_cpus or None, keys_total=args.keys, tag=tag)
+
+
+def prepare_queue(args, system: str, server: ServerProcess, workload: Workload, ops: int, tag: str) -> tuple:
+    """Make the run's queue (and fill it, for queue-cycle) when the Python generator drives the
+    system; for the Go loader, the flags that make it do the same in its setup."""
+    preload = queue_preload_size(args, system, ops) if workload.preload_queue else 0
+    family = FAMILY[system]
+    if isinstance(workload.drivers[family], str):
+        return ("-queue-preload", str(preload)) if preload else ()
+    if preload:
+        _say(f"  preloading {preload:,} messages into {system}")
+    if family == "queen":
+        requests = [queue_sessions.queen_configure(HOST, server.port, tag)]
+        requests += queue_sessions.queen_preload(HOST, server.port, tag, preload)
+        for request in requests:
+            status, body = server.post(request)
+            if status != 200 or (b'"status":' in body and body.count(b'"status":"queued"') != body.count(b'"status":')):
+                raise RuntimeError(f"queue preload failed: HTTP {status} {body[:300]!r}")
+    elif family == "redis":
+        commands = queue_sessions.redis_queue_setup(tag) + queue_sessions.redis_preload(tag, preload)
+        for start in range(0, len(commands), 5000):
+            replies = redis_call(server.port, commands[start:start + 5000])
+            if any(not isinstance(reply, bytes) for reply in replies):
+                raise RuntimeError(f"redis queue preload failed: {[r for r in replies if not isinstance(r, bytes)][:3]!r}")
+    return ()
+
+
+def drop_queue(system: str, server: ServerProcess, workload: Workload, tag: str) -> None:
+    """Delete what the Python side made for the run (the Go loader removes its own), so the next
+    run starts on a server that does not carry this one's messages."""
+    family = FAMILY[system]
+    if isinstance(workload.drivers[family], str):
+        return
+    if family == "queen":
+        status, body = server.post(queue_sessions.queen_delete(HOST, server.port, tag))
+        if status != 200:
+            raise RuntimeError(f"deleting the run's queue failed: HTTP {status} {body[:300]!r}")
+    elif family == "redis":
+        redis_call(server.port, queue_sessions.redis_delete(tag))
 
 
 def run_one(args, system: str, server: ServerProcess, workload: Workload, ops: int, connections: int, profiled: bool,
-            out_dir: str, disk: dict) -> dict:
+            out_dir: str, disk: dict, loader_args: tuple = ()) -> dict:
+    tag = run_tag()
+    if workload.queue:
+        loader_args = loader_args + prepare_queue(args, system, server, workload, ops, tag)
+    generator = make_generator(args, system, server, workload, ops, connections, tag, loader_args)
+    try:
+        return measure(args, system, server, workload, ops, connections, profiled, out_dir, disk, generator)
+    finally:
+        if workload.queue:
+            drop_queue(system, server, workload, tag)
+
+
+def measure(args, system: str, server: ServerProcess, workload: Workload, ops: int, connections: int, profiled: bool,
+            out_dir: str, disk: dict, generator) -> dict:
     duration_s, warmup_s = args.duration, args.warmup
-    generator = make_generator(args, system, server, workload, ops, connections)
     generator.start()
     is_queen = system == "queen"
     has_metrics = system in ("queen", "etcd")
@@ -277,6 +355,10 @@ def start_servers(targets: list[str], args, out_dir: str, data_parent: str) -> t
                 server = baseline_server(log_path, cpus, REPO_ROOT)
             elif target.startswith("redis"):
                 server = redis_server(target, data_dirs[target], log_path, cpus)
+            elif target == "postgres":
+                server = postgres_server(data_dirs[target], log_path, cpus)
+            elif target == "nats":
+                server = nats_server(data_dirs[target], log_path, cpus)
             else:
                 server = etcd_server(data_dirs[target], log_path, cpus)
             servers[target] = server
@@ -321,6 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     for system, why in missing.items():
         _say(f"{system}: {why}")
     runs = plan_runs(args, systems)
+    unbuilt = sorted({name for name in args.workloads.split(",") if name.strip() in WORKLOADS
+                      and isinstance(WORKLOADS[name.strip()].drivers.get("queen"), str)}) if not loader_built() else []
+    if unbuilt:
+        _say(f"{', '.join(unbuilt)}: not run, they need the Go loader (run bench/peers/install.sh)")
     started = datetime.datetime.now()
     out_dir = args.out or os.path.join(REPO_ROOT, "bench", "out", started.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out_dir, exist_ok=True)
@@ -343,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         "peers_missing": missing,
         "runs": [],
         "servers": [],
-        "notes": [],
+        "notes": [f"{', '.join(unbuilt)} not run: the Go loader that drives them (bench/peers/peerload) is not built; "
+                  "run bench/peers/install.sh"] if unbuilt else [],
     }
     if document["machine"].get("data_dir_filesystem") in ("tmpfs", "ramfs"):
         document["notes"].append(f"the data dir is on {document['machine']['data_dir_filesystem']}: fsync is free there, "
@@ -354,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     # instead of landing on one.
     servers, data_dirs = start_servers(targets, args, out_dir, data_parent)
     preloaded = set()
+    peaks: dict[str, float | None] = {}  # queue-peak's rate per system, the pace of queue-latency
     try:
         for round_index in range(args.repeat):
             for workload, system, ops, connections, profiled in runs:
@@ -371,8 +459,20 @@ def main(argv: list[str] | None = None) -> int:
                         _say(f"waited {waited_s} s for a quiet machine" + ("" if quiet else ": still busy, running anyway"))
                 _say(f"round {round_index + 1}/{args.repeat} {system} {workload.name} ops={ops} connections={connections}"
                      f"{' profiled' if profiled else ''}: {args.warmup} s warm-up + {args.duration} s")
+                loader_args = ()
+                if workload.name == "queue-peak":
+                    loader_args = ("-rate", "0")
+                elif workload.name == "queue-latency":
+                    peak = peaks.get(system)
+                    if not peak:
+                        _say(f"  skipped: no queue-peak rate measured for {system} to pace it at half of")
+                        document["notes"].append(f"{system} queue-latency round {round_index + 1} not run: its "
+                                                 "queue-peak run measured no rate")
+                        continue
+                    loader_args = ("-rate", str(max(1, round(peak / 2))))
                 try:
-                    run = run_one(args, system, server, workload, ops, connections, profiled, out_dir, disk)
+                    run = run_one(args, system, server, workload, ops, connections, profiled, out_dir, disk,
+                                  loader_args)
                 except RuntimeError as error:  # a generator process failed: say so, keep the rest
                     _say(f"  RUN FAILED: {error}")
                     document["notes"].append(f"{system} {workload.name} ops={ops} connections={connections} "
@@ -381,6 +481,10 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 run["round"] = round_index + 1
                 run["started_quiet"] = quiet
+                if workload.name == "queue-peak":
+                    peaks[system] = run["rate_per_s"] if not run["errors"] else None
+                elif workload.name == "queue-latency":
+                    run["offered_per_s"] = float(loader_args[1])
                 errors = sum(run["errors"].values())
                 extra = " ".join(f"{unit} {rate:,.0f}/s" for unit, rate in run["units_per_s"].items() if unit != workload.unit)
                 _say(f"  {run['requests_per_s']:,.0f} req/s {run['rate_per_s']:,.0f} {workload.unit}/s {extra} "

@@ -17,7 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from bench.report import PEER_LABELS, SYSTEMS  # noqa: E402
 
-COLORS = {"queen": "#c0392b", "redis-aof": "#2471a3", "redis-mem": "#85c1e9", "etcd": "#239b56"}
+COLORS = {"queen": "#c0392b", "redis-aof": "#2471a3", "redis-mem": "#85c1e9", "etcd": "#239b56", "postgres": "#7d3c98",
+          "nats": "#d68910"}
 
 
 def _connections(summary: list[dict]) -> int | None:

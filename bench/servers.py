@@ -1,9 +1,10 @@
 """The servers under test, as child processes this benchmark starts, pins, watches and stops.
 
 Owns: Queen, the do-nothing baseline and the peers (Redis with appendfsync always, Redis without
-persistence, single-node etcd), each on a free loopback port with a fresh data directory, the child pinned to its CPU from the moment
-it starts (sched_setaffinity in preexec_fn, so even its first import runs there), waiting for it
-to answer /healthz, reading its /metrics, and stopping it with SIGTERM by its own pid (SIGKILL by
+persistence, single-node etcd, PostgreSQL 15, NATS with JetStream), each on a free loopback port
+with a fresh data directory, the child pinned to its CPU from the moment it starts
+(sched_setaffinity in preexec_fn, so even its first import runs there), waiting for it to answer
+its health check, reading its /metrics, and stopping it with SIGTERM by its own pid (SIGKILL by
 the same pid only if it ignores SIGTERM past a grace period; the report then says so).
 
 Never: signals a process it did not start, or binds anything but 127.0.0.1.
@@ -11,7 +12,9 @@ Never: signals a process it did not start, or binds anything but 127.0.0.1.
 
 from __future__ import annotations
 
+import glob
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -34,8 +37,9 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, name: str, argv: list[str], port: int, log_path: str, cpus: list[int] | None,
-                 cwd: str | None = None, health=None):
+                 cwd: str | None = None, health=None, user: str | None = None):
         self.health = health or _http_health
+        self.user = user  # run as this user (PostgreSQL refuses to run as root)
         self.name = name
         self.argv = argv
         self.port = port
@@ -60,7 +64,7 @@ class ServerProcess:
         log = open(self.log_path, "ab")
         try:
             self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                            preexec_fn=pin, cwd=self.cwd)
+                                            preexec_fn=pin, cwd=self.cwd, user=self.user)
         finally:
             log.close()
         self._wait_healthy()
@@ -163,19 +167,30 @@ def _etcd_health(port: int) -> bool:
 
 
 # Where each peer's binary is looked for; bench/peers/install.sh puts them there from Debian's packages.
-PEER_BINARIES = {"redis-aof": "redis-server", "redis-mem": "redis-server", "etcd": "etcd"}
+PEER_BINARIES = {"redis-aof": "redis-server", "redis-mem": "redis-server", "etcd": "etcd", "nats": "nats-server"}
+# Peers driven only by the Go loader; the others it drives for queue-latency alone.
+LOADER_DRIVEN = ("etcd", "postgres", "nats")
+POSTGRES_BIN = "/usr/lib/postgresql/15/bin"  # Debian's postgresql-15 keeps its programs off PATH
 
 
 def peer_missing(system: str) -> str | None:
     """None when the peer can run here; otherwise why not ("not installed: ...")."""
-    binary = PEER_BINARIES[system]
-    if shutil.which(binary) is None:
-        return f"not installed: no `{binary}` on PATH (run bench/peers/install.sh)"
-    if system == "etcd":
-        from bench.peers.etcd import loader_path
-        if not os.path.exists(loader_path()):
-            return "not installed: the Go loader bench/peers/etcdload/etcdload is not built (run bench/peers/install.sh)"
+    if system == "postgres":
+        if not os.path.exists(os.path.join(POSTGRES_BIN, "postgres")):
+            found = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"))
+            return ("not installed: no PostgreSQL 15 in " + POSTGRES_BIN
+                    + (f" (found {', '.join(found)}; the bench compares with 15)" if found else "")
+                    + " (run bench/peers/install.sh)")
+    elif shutil.which(PEER_BINARIES[system]) is None:
+        return f"not installed: no `{PEER_BINARIES[system]}` on PATH (run bench/peers/install.sh)"
+    if system in LOADER_DRIVEN and not loader_built():
+        return "not installed: the Go loader bench/peers/peerload/peerload is not built (run bench/peers/install.sh)"
     return None
+
+
+def loader_built() -> bool:
+    from bench.peers.loader import loader_path
+    return os.path.exists(loader_path())
 
 
 def redis_server(system: str, data_dir: str, log_path: str, cpus: list[int] | None) -> ServerProcess:
@@ -203,6 +218,55 @@ def etcd_server(data_dir: str, log_path: str, cpus: list[int] | None) -> ServerP
             "--initial-cluster", f"bench={peer}", "--initial-cluster-state", "new",
             "--log-level", "warn", "--logger", "zap", "--log-outputs", "stderr"]
     return ServerProcess("etcd", argv, port, log_path, cpus, health=_etcd_health)
+
+
+def _postgres_health(port: int) -> bool:
+    done = subprocess.run([os.path.join(POSTGRES_BIN, "pg_isready"), "-q", "-h", HOST, "-p", str(port)],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=5)
+    return done.returncode == 0
+
+
+def postgres_server(data_dir: str, log_path: str, cpus: list[int] | None) -> ServerProcess:
+    """PostgreSQL 15 on 127.0.0.1 from a fresh initdb in data_dir (trust auth for the user
+    `bench`, loopback only). Durable as shipped: fsync on, synchronous_commit on (a commit answers
+    after its WAL is fsynced). Sized for the run rather than for a laptop: 1 GB of shared buffers
+    and a WAL big enough that no checkpoint is forced mid-run. Run as the `postgres` user when the
+    bench runs as root, since PostgreSQL refuses root."""
+    user = None
+    if os.geteuid() == 0:
+        user = "postgres"
+        account = pwd.getpwnam(user)
+        os.chown(data_dir, account.pw_uid, account.pw_gid)
+    cluster = os.path.join(data_dir, "cluster")
+    with open(log_path, "ab") as log:
+        subprocess.run([os.path.join(POSTGRES_BIN, "initdb"), "-D", cluster, "-U", "bench", "--auth=trust", "-E", "UTF8",
+                        "--no-instructions"], check=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log, user=user,
+                       timeout=120)
+    port = free_port()
+    argv = [os.path.join(POSTGRES_BIN, "postgres"), "-D", cluster, "-k", data_dir, "-h", HOST, "-p", str(port),
+            "-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "shared_buffers=1GB", "-c", "max_wal_size=8GB",
+            "-c", "max_connections=300"]
+    return ServerProcess("postgres", argv, port, log_path, cpus, health=_postgres_health, user=user)
+
+
+def nats_server(data_dir: str, log_path: str, cpus: list[int] | None) -> ServerProcess:
+    """nats-server with JetStream, file storage in data_dir. Its durability is what the packaged
+    version offers: 2.9 has no per-write fsync setting (`sync_interval` arrived in 2.10 and 2.9
+    refuses it), so a publish is acknowledged once it is in the OS's page cache, and the file
+    store syncs on its own timer. The report says so beside every NATS figure."""
+    port, monitor = free_port(), free_port()
+    argv = [shutil.which("nats-server") or "nats-server", "-a", HOST, "-p", str(port), "-m", str(monitor),
+            "-js", "-sd", data_dir]
+
+    def healthy(_port: int) -> bool:
+        return _http_health_at(monitor, "/healthz")
+
+    return ServerProcess("nats", argv, port, log_path, cpus, health=healthy)
+
+
+def _http_health_at(port: int, path: str) -> bool:
+    status, _ = http_get_to_close(port, path, timeout_s=2)
+    return status == 200
 
 
 def http_get_to_close(port: int, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:

@@ -11,7 +11,7 @@ the slot and token the acquire gave), so their sessions read it.
 
 Two wire protocols: HTTP/1.1 for Queen and the baseline, RESP for Redis (a request of N ops is N
 pipelined commands in one write, and its answer is N replies). etcd is driven by the Go loader
-in bench/peers/etcdload, which implements the same workloads with clientv3.
+in bench/peers/peerload, which implements the same workloads with clientv3.
 
 Names, keys and owners carry the run's `tag`, so a lock still held when one run ends (the drain
 sends no release) never meets the next run: it expires by its TTL on its own.

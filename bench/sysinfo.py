@@ -21,8 +21,33 @@ CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu_s(pid: int) -> float | None:
-    """utime + stime of a process (all its threads), in seconds; None once it is gone."""
-    return _stat_cpu_s(f"/proc/{pid}/stat")
+    """utime + stime of a process (all its threads) and of every process under it, in seconds;
+    None once it is gone. Children count because PostgreSQL serves each connection from a
+    process of its own: live ones by their own counters, exited ones by the cutime + cstime their
+    parent collected when it reaped them."""
+    own = _stat_cpu_s(f"/proc/{pid}/stat", with_reaped=True)
+    if own is None:
+        return None
+    return own + sum(_stat_cpu_s(f"/proc/{child}/stat", with_reaped=True) or 0.0 for child in _descendants(pid))
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    raw = f.read()
+            except OSError:
+                continue
+            parent = int(raw[raw.rindex(b")") + 2:].split()[1])
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo += children.get(child, [])
+    return found
 
 
 def cores_busy_s() -> dict[str, tuple[float, float, float]]:
@@ -48,16 +73,20 @@ def main_thread_cpu_s(pid: int) -> float | None:
     return _stat_cpu_s(f"/proc/{pid}/task/{pid}/stat")
 
 
-def _stat_cpu_s(path: str) -> float | None:
-    """utime + stime from a /proc stat file, in seconds. The command name in field 2 may hold
-    spaces; the fields after its closing parenthesis don't."""
+def _stat_cpu_s(path: str, with_reaped: bool = False) -> float | None:
+    """utime + stime from a /proc stat file, in seconds (with_reaped: plus cutime + cstime, what
+    its waited-for children used). The command name in field 2 may hold spaces; the fields after
+    its closing parenthesis don't."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except OSError:
         return None
     fields = raw[raw.rindex(b")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S
+    ticks = int(fields[11]) + int(fields[12])
+    if with_reaped:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / CLOCK_TICKS_PER_S
 
 
 class CpuSample:

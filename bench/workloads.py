@@ -1,10 +1,11 @@
 """Workloads as data: what a run does, on which systems, and what it counts.
 
 Owns: the table of named workloads. A workload names the unit its headline rate counts (ops,
-pairs, renewals, answers) and, per system family, how a connection's conversation is built: a
-`Session` factory for the raw-socket generator (Queen and the baseline over HTTP, Redis over RESP)
-or the workload's name in the Go etcd loader (bench/peers/etcdload). A workload a family lacks is
-reported as "n/a" for it, never silently left out. Nothing here opens a socket or reads a clock.
+pairs, renewals, answers, messages) and, per system family, how a connection's conversation is
+built: a `Session` factory for the raw-socket generator (Queen and the baseline over HTTP, Redis
+over RESP) or the workload's name in the Go loader (bench/peers/peerload: etcd, PostgreSQL, NATS,
+and queue-latency for every system). A workload a family lacks is reported as "n/a" for it, never
+silently left out. Nothing here opens a socket or reads a clock.
 
 Key layout, shared by every KV workload so that a preload serves any connection count: the key
 space is `keys_total` keys "k00000".."k{keys_total-1}" in namespace "bench". Connection i of C
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from bench import queue_sessions as q
 from bench import sessions as s
 from bench.sessions import Context, http_post, key_groups, key_name, resp_command
 
@@ -34,8 +36,14 @@ RING_REQUESTS_MAX = 1024
 
 # Systems, and the family (driver) each belongs to. Both Redis systems speak the same protocol;
 # only the server's persistence settings differ.
-FAMILY = {"queen": "queen", "baseline": "baseline", "redis-aof": "redis", "redis-mem": "redis", "etcd": "etcd"}
-SYSTEM_ORDER = ("queen", "baseline", "redis-aof", "redis-mem", "etcd")  # run order within one shape
+FAMILY = {"queen": "queen", "baseline": "baseline", "redis-aof": "redis", "redis-mem": "redis", "etcd": "etcd",
+          "postgres": "postgres", "nats": "nats"}
+SYSTEM_ORDER = ("queen", "baseline", "redis-aof", "redis-mem", "etcd", "postgres", "nats")  # run order within one shape
+# Consumers of queue-cycle and queue-latency (and producers of queue-latency): the issue's shape,
+# 16 consumers over 64 partitions, whatever --connections says.
+QUEUE_CONSUMERS = 16
+# The pop batch of a queue-latency consumer: it takes what has arrived, up to this many.
+LATENCY_POP_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,12 @@ class Workload:
     fixed_ops: int | None = None  # one shape whatever --ops says
     # Units besides the headline one that the report shows as rates (hand-overs, timeouts).
     extra_units: tuple = ()
+    fixed_connections: int | None = None  # one connection count whatever --connections says
+    queue: bool = False  # the run has its own queue, made before it starts and deleted after
+    preload_queue: bool = False  # ... holding enough messages for the whole run (queue-cycle)
+    # The -ops the Go loader is given instead of the run's ops (queue-latency: its pop batch, while
+    # every push carries one message).
+    loader_ops: int | None = None
 
     @property
     def target(self) -> str:  # the system of a single-system workload (the baseline)
@@ -134,6 +148,31 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              "hold a lock; commit transactions of its guard + `ops` puts (Redis: one script that checks the owner, "
              "then sets; etcd: a txn comparing the lock key's value)",
              {"queen": s.QueenGuardedTxn, "redis": s.RedisGuardedTxn, "etcd": "txn-guarded"}),
+    Workload("queue-push", "messages",
+             f"push `ops` messages per request, each with its own producer id, spread over {q.PARTITIONS} partitions "
+             "(Redis: XADD ×ops pipelined, no dedupe; PostgreSQL: one multi-row INSERT .. ON CONFLICT DO NOTHING; "
+             "NATS: ops async publishes with a Msg-Id, then their acks)",
+             {"queen": q.QueenPush, "redis": q.RedisStreamPush, "postgres": "queue-push", "nats": "queue-push"},
+             queue=True),
+    Workload("queue-cycle", "messages",
+             f"{QUEUE_CONSUMERS} consumers over {q.PARTITIONS} preloaded partitions: pop up to `ops` messages, ack "
+             "them in one batch, repeat (Redis: XREADGROUP + XACK; PostgreSQL: UPDATE .. FOR UPDATE SKIP LOCKED "
+             "RETURNING, then DELETE; NATS: pull consumer Fetch + acks)",
+             {"queen": q.QueenCycle, "redis": q.RedisStreamCycle, "postgres": "queue-cycle", "nats": "queue-cycle"},
+             fixed_connections=QUEUE_CONSUMERS, queue=True, preload_queue=True, extra_units=("empty",)),
+    Workload("queue-peak", "messages",
+             f"{QUEUE_CONSUMERS} producers push one message per request, closed loop; {QUEUE_CONSUMERS} consumers "
+             f"parked on long-poll pops (up to {LATENCY_POP_BATCH}) take and ack them: the highest end-to-end rate. "
+             "Latency = push → delivery per message (Go loader, every system)",
+             {"queen": "queue-latency", "redis": "queue-latency", "postgres": "queue-latency", "nats": "queue-latency"},
+             fixed_ops=1, fixed_connections=QUEUE_CONSUMERS, queue=True, loader_ops=LATENCY_POP_BATCH,
+             extra_units=("pushed", "redelivered")),
+    Workload("queue-latency", "messages",
+             "queue-peak's flow with the producers paced at half the rate queue-peak measured (open loop: a late "
+             "push keeps its schedule, so lateness counts); latency = push → delivery per message",
+             {"queen": "queue-latency", "redis": "queue-latency", "postgres": "queue-latency", "nats": "queue-latency"},
+             fixed_ops=1, fixed_connections=QUEUE_CONSUMERS, queue=True, loader_ops=LATENCY_POP_BATCH,
+             extra_units=("pushed", "redelivered")),
 )}
 
 

@@ -1,17 +1,5 @@
-// etcdload drives a single-node etcd with the workloads of `python -m bench`, in the same shape as
-// the Python generator drives Queen and Redis: C clients, each with its own gRPC connection and
-// exactly one request outstanding (closed loop), a warm-up, a measured window, and a drain in
-// which a client that holds a lock still releases it.
-//
-// It is Go with etcd's own clientv3 because a Python client through etcd's JSON gateway measured
-// at half the rate of a Go clientv3 loader on these machines: the loader must not handicap etcd.
-// It builds offline against Debian's packaged sources (golang-etcd-server-dev, under
-// /usr/share/gocode) with GO111MODULE=off; see build_etcdload.sh.
-//
-// Protocol with bench/peers/etcd.py: flags say what to run; the loader connects every client,
-// prints "ready" on stdout, waits for one line on stdin, starts 100 ms later, and at the end prints
-// one JSON document in the shape of the Python generator's Tally (histogram buckets in the layout
-// of bench/histogram.py, so the two merge and print alike).
+// etcd: the lock, semaphore and KV workloads over clientv3, each client with its own gRPC
+// connection.
 //
 // Locks are the usual etcd recipe: acquire is a txn "create_revision(name) == 0 -> put name owner
 // with the client's lease", release a txn "value(name) == owner -> delete name". A request of N
@@ -22,121 +10,32 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"flag"
 	"fmt"
-	"math/bits"
-	"os"
-	"strings"
-	"sync"
 	"time"
 
 	"go.etcd.io/etcd/clientv3"
 )
 
-const (
-	subBits      = 8
-	valueBitsMax = 40
-	buckets      = (1 << subBits) + (valueBitsMax-subBits)*(1<<(subBits-1))
-	errorSamples = 5
-	drain        = 10 * time.Second
-	value        = "vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv"
-	permits      = 8
-)
+const permits = 8
 
-func bucketOf(v int64) int {
-	b := bits.Len64(uint64(v))
-	if b <= subBits {
-		return int(v)
-	}
-	if b > valueBitsMax {
-		return buckets - 1
-	}
-	shift := b - subBits
-	half := 1 << (subBits - 1)
-	return (1 << subBits) + (shift-1)*half + int(v>>uint(shift)) - half
-}
+// etcdTarget: the etcd workloads make nothing before the run and leave nothing to remove after
+// it (their keys carry leases that expire).
+type etcdTarget struct{ cfg config }
 
-type tally struct {
-	counts     []int64
-	total, sum int64
-	min, max   int64
-	completed  int64
-	answered   int64
-	errors     map[string]int64
-	samples    []string
-	units      map[string]int64 // counted inside the window
-	pending    map[string]int64 // counted by the last step, not yet placed in or out of the window
-}
+func (e etcdTarget) prepare(ctx context.Context) error  { return nil }
+func (e etcdTarget) teardown(ctx context.Context) error { return nil }
 
-func newTally() *tally {
-	return &tally{counts: make([]int64, buckets), min: -1, errors: map[string]int64{}, units: map[string]int64{},
-		pending: map[string]int64{}}
-}
-
-func (t *tally) record(ns int64) {
-	t.counts[bucketOf(ns)]++
-	t.total++
-	t.sum += ns
-	if t.min < 0 || ns < t.min {
-		t.min = ns
+func (e etcdTarget) session(ctx context.Context, index int) (session, error) {
+	cli, err := connect(e.cfg.endpoint)
+	if err != nil {
+		return nil, err
 	}
-	if ns > t.max {
-		t.max = ns
+	s, err := newSession(e.cfg, cli, index)
+	if err != nil {
+		cli.Close()
+		return nil, err
 	}
-}
-
-func (t *tally) error(kind string, sample string) {
-	t.errors[kind]++
-	if len(t.samples) < errorSamples {
-		if len(sample) > 300 {
-			sample = sample[:300]
-		}
-		t.samples = append(t.samples, kind+": "+sample)
-	}
-}
-
-func (t *tally) merge(o *tally) {
-	for i, c := range o.counts {
-		t.counts[i] += c
-	}
-	t.total += o.total
-	t.sum += o.sum
-	if o.min >= 0 && (t.min < 0 || o.min < t.min) {
-		t.min = o.min
-	}
-	if o.max > t.max {
-		t.max = o.max
-	}
-	t.completed += o.completed
-	t.answered += o.answered
-	for k, v := range o.errors {
-		t.errors[k] += v
-	}
-	for _, s := range o.samples {
-		if len(t.samples) < errorSamples {
-			t.samples = append(t.samples, s)
-		}
-	}
-	for k, v := range o.units {
-		t.units[k] += v
-	}
-}
-
-type config struct {
-	endpoint, workload, tag string
-	ops, connections, keys  int
-	warmup, duration        time.Duration
-	leaseTTL                int64
-}
-
-// A client's conversation: step sends one request (which may depend on the last answer) and
-// counts what it achieved when counting is true; owes says it holds something to give back.
-type session interface {
-	setup(ctx context.Context) error
-	step(ctx context.Context, t *tally, counting bool) error
-	owes() bool
-	release(ctx context.Context) error
+	return s, nil
 }
 
 func keyName(i int) string { return fmt.Sprintf("bench/k%05d", i) }
@@ -168,6 +67,8 @@ type base struct {
 	owner string
 	lease clientv3.LeaseID
 }
+
+func (b *base) close() { b.cli.Close() }
 
 func (b *base) grant(ctx context.Context) error {
 	resp, err := b.cli.Grant(ctx, b.cfg.leaseTTL)
@@ -586,154 +487,4 @@ func preload(cfg config) error {
 		}
 	}
 	return nil
-}
-
-type output struct {
-	Histogram    map[string]interface{} `json:"histogram"`
-	Completed    int64                  `json:"completed"`
-	Answered     int64                  `json:"answered"`
-	Errors       map[string]int64       `json:"errors"`
-	ErrorSamples []string               `json:"error_samples"`
-	Bytes        int64                  `json:"bytes_received"`
-	Undrained    int64                  `json:"undrained"`
-	Units        map[string]int64       `json:"units"`
-	WindowMs     [2]int64               `json:"window_ms"` // the warm-up and window used, checked by the caller
-}
-
-func fail(format string, args ...interface{}) {
-	fmt.Fprintf(os.Stderr, "etcdload: "+format+"\n", args...)
-	os.Exit(2)
-}
-
-func main() {
-	var cfg config
-	var warmupMs, durationMs int
-	var doPreload bool
-	flag.StringVar(&cfg.endpoint, "endpoint", "127.0.0.1:2379", "etcd client address (127.0.0.1 only)")
-	flag.StringVar(&cfg.workload, "workload", "lock-cycle", "lock-cycle, lock-renew, lock-hot, sem8, kv-put, kv-get, kv-cas, txn-guarded")
-	flag.StringVar(&cfg.tag, "tag", "r", "run tag: lock names and CAS keys carry it")
-	flag.IntVar(&cfg.ops, "ops", 1, "operations per request")
-	flag.IntVar(&cfg.connections, "connections", 16, "clients, each with its own connection")
-	flag.IntVar(&cfg.keys, "keys", 10000, "distinct KV keys")
-	flag.IntVar(&warmupMs, "warmup-ms", 2000, "warm-up before measuring (stdin may say otherwise)")
-	flag.IntVar(&durationMs, "duration-ms", 10000, "measured window (stdin may say otherwise)")
-	flag.BoolVar(&doPreload, "preload", false, "write every key once, then exit")
-	flag.Parse()
-	if !strings.HasPrefix(cfg.endpoint, "127.0.0.1:") {
-		fail("only 127.0.0.1 endpoints")
-	}
-	if doPreload {
-		if err := preload(cfg); err != nil {
-			fail("preload: %v", err)
-		}
-		return
-	}
-	cfg.warmup = time.Duration(warmupMs) * time.Millisecond
-	cfg.duration = time.Duration(durationMs) * time.Millisecond
-	cfg.leaseTTL = int64((cfg.warmup+cfg.duration+drain)/time.Second) + 60
-
-	sessions := make([]session, cfg.connections)
-	clients := make([]*clientv3.Client, cfg.connections)
-	setupCtx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	for i := range sessions {
-		cli, err := connect(cfg.endpoint)
-		if err != nil {
-			fail("connect: %v", err)
-		}
-		clients[i] = cli
-		s, err := newSession(cfg, cli, i)
-		if err != nil {
-			fail("%v", err)
-		}
-		if err := s.setup(setupCtx); err != nil {
-			fail("setup: %v", err)
-		}
-		sessions[i] = s
-	}
-	cancel()
-	fmt.Println("ready")
-	// The window comes on stdin as "<warm-up ms> <measured ms>"; the flags' values stand otherwise.
-	if n, _ := fmt.Scanln(&warmupMs, &durationMs); n == 2 {
-		cfg.warmup = time.Duration(warmupMs) * time.Millisecond
-		cfg.duration = time.Duration(durationMs) * time.Millisecond
-	}
-	tStart := time.Now().Add(100 * time.Millisecond)
-	tMeasure := tStart.Add(cfg.warmup)
-	tEnd := tMeasure.Add(cfg.duration)
-	time.Sleep(time.Until(tStart))
-
-	tallies := make([]*tally, len(sessions))
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	finished := 0
-	for i, s := range sessions {
-		tallies[i] = newTally()
-		wg.Add(1)
-		go func(s session, t *tally) {
-			defer wg.Done()
-			ctx, cancel := context.WithDeadline(context.Background(), tEnd.Add(drain))
-			defer cancel()
-			for time.Now().Before(tEnd) || s.owes() {
-				sent := time.Now()
-				err := s.step(ctx, t, true)
-				done := time.Now()
-				// An answer counts when it completes inside the window, as in the Python generator:
-				// what the step counted moves into the tally only then.
-				inWindow := !done.Before(tMeasure) && done.Before(tEnd)
-				for k, v := range t.pending {
-					if inWindow {
-						t.units[k] += v
-					}
-					delete(t.pending, k)
-				}
-				if err != nil {
-					t.error("rpc_error", err.Error())
-					if ctx.Err() != nil {
-						break
-					}
-					continue
-				}
-				t.answered++
-				if inWindow {
-					t.completed++
-					t.record(done.Sub(sent).Nanoseconds())
-				}
-			}
-			mu.Lock()
-			finished++
-			mu.Unlock()
-		}(s, tallies[i])
-	}
-	wg.Wait()
-	_ = finished
-	merged := newTally()
-	for _, t := range tallies {
-		merged.merge(t)
-	}
-	for _, c := range clients {
-		c.Close()
-	}
-	hist := map[string]int64{}
-	for i, c := range merged.counts {
-		if c != 0 {
-			hist[fmt.Sprint(i)] = c
-		}
-	}
-	var min, max interface{}
-	if merged.total > 0 {
-		min, max = merged.min, merged.max
-	}
-	out := output{
-		Histogram: map[string]interface{}{"buckets": hist, "total": merged.total, "min": min, "max": max,
-			"sum": merged.sum, "sub_bits": subBits},
-		Completed: merged.completed, Answered: merged.answered, Errors: merged.errors,
-		ErrorSamples: merged.samples, Units: merged.units,
-		WindowMs: [2]int64{cfg.warmup.Milliseconds(), cfg.duration.Milliseconds()},
-	}
-	if out.ErrorSamples == nil {
-		out.ErrorSamples = []string{}
-	}
-	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
-		fail("%v", err)
-	}
 }
