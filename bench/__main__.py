@@ -381,8 +381,10 @@ def stop_servers(servers: dict, data_dirs: dict, args, document: dict) -> None:
         document["servers"].append({"name": server.name, "pid": server.process.pid if server.process else None,
                                     "port": server.port, "exit_code": server.exit_code, "killed": server.killed,
                                     "log": os.path.basename(server.log_path)})
-        # etcd and Redis end on SIGTERM by re-raising it (exit -15 as Popen sees it): that is a clean stop.
-        if server.exit_code not in (0, -signal.SIGTERM) or server.killed:
+        # etcd and Redis end on SIGTERM by re-raising it (exit -15 as Popen sees it), and nats-server
+        # 2.9 exits 1 after logging a clean shutdown: each is a clean stop.
+        clean = (0, -signal.SIGTERM, 1) if target == "nats" else (0, -signal.SIGTERM)
+        if server.exit_code not in clean or server.killed:
             document["notes"].append(f"{server.name} exited with {server.exit_code}"
                                      f"{' after SIGKILL' if server.killed else ''}; see {os.path.basename(server.log_path)}")
         if target in data_dirs and not args.keep_data:

@@ -60,10 +60,11 @@ def render(document: dict, path: str) -> None:
     top.set_yscale("log")
     top.set_ylabel("rate per second (log): the workload's unit")
     top.set_title(f"Throughput per workload, {connections} connections "
-                  "(unit: kv ops, lock pairs, renewals, acquire answers, txns — see results.md)")
+                  "(its unit: ops, pairs, messages... — see results.md)")
     bottom.set_yscale("log")
-    bottom.set_ylabel("round-trip latency, ms (log)")
-    bottom.set_title(f"Latency per request, {connections} connections: p50 (o), p99 (^), p99.9 (x)")
+    bottom.set_ylabel("latency, ms (log)")
+    bottom.set_title(f"Latency, {connections} connections (per request; queue-peak/-latency: push to delivery, "
+                     "per message): p50 (o), p99 (^), p99.9 (x)", fontsize="medium")
     for axis in (top, bottom):
         axis.set_xticks(range(len(shapes)))
         axis.set_xticklabels(labels, fontsize=8)

@@ -50,8 +50,9 @@ def combine(directories: list[str]) -> dict:
         for run in shapes[shape]]
     combined["servers"] = [server for d in documents for server in d.get("servers", [])]
     # Notes derived from the runs are made again by derive(); keep only the sessions' own.
+    # So are the chart's: this report draws its own.
     combined["notes"] = [note for d in documents for note in d.get("notes", [])
-                         if "busy outside our processes" not in note]
+                         if "busy outside our processes" not in note and not note.startswith("no chart:")]
     if replaced:
         combined["notes"].append("re-measured, the later run replaces the earlier: " + ", ".join(replaced))
     commits = {d["machine"].get("git_commit") for d in documents}
