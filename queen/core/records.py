@@ -38,15 +38,15 @@ encoding"), and a frame holds hundreds of records.
 - segment_cut: the last record of a segment that was closed; the next one exists and is
   next_segment. A newest segment that went missing is noticed through it.
 
-Queues (kinds 16-29; every count and id is an integer, every name a string):
+Queues (kinds 16-30; every count and id is an integer, every name a string):
 - queue_set: the queue exists with these options (a map of every option's canonical name to its
   value), created at created_at_ms.
 - queue_delete: the queue and everything of it (partitions, messages, groups, leases) is gone.
 - partition: a partition named name exists in queue, with this id.
 - append: a message at offset of a partition. transaction_id is the producer's, or null when it
   gave none (the message's id is then `queen:<offset>`); dedupe_until_ms is when that producer id
-  may be forgotten once the message is gone (0 without one). data is any value; trace_id a string
-  or null.
+  may be forgotten once the message is gone (0 without one). data is the payload's JSON encoding
+  (bytes); trace_id a string or null.
 - group_join: a consumer group joined the queue; mode "all" or "new" (a "new" group counts every
   message already appended as resolved).
 - group_delete: the group and all its state in the queue are gone; its leases end.
@@ -59,14 +59,15 @@ Queues (kinds 16-29; every count and id is an integer, every name a string):
 - lease_extend: the lease now ends at expires_at_ms.
 - remove: retention removed the partition's messages below below_offset (those in a group's DLQ
   too when dlq_too, otherwise they stay); groups behind it move up.
-- group_partition, dedupe and partition_state appear only in snapshots: one group's state in one partition (its
-  floor, the resolved offsets above it as a serialized roaring bitmap, [offset, retry_count, ...]
-  and [offset, error, at_ms, ...] of its DLQ), a producer id whose message is gone but whose dedupe
-  window is open, and a partition's next offset and the offset below which everything was removed
-  (its messages may all be gone).
+- group_partition, dedupe, partition_state and partition_messages appear only in snapshots: one
+  group's state in one partition (its floor, the resolved offsets above it as a serialized roaring
+  bitmap, [offset, retry_count, ...] and [offset, error, at_ms, ...] of its DLQ); a partition's
+  producer ids with their packed entries, oldest first; a partition's next offset and the offset
+  below which everything was removed (its messages may all be gone); a partition's retained
+  messages, packed, as three byte strings (queen/core/queues.py owns both packed layouts).
 
 Versions are global, dense and rising: every versioned record takes the next one, in log order.
-Kinds 30 and up are kept for timers. A kind this build does not know is refused as
+Kinds 40 and up are kept for timers. A kind this build does not know is refused as
 "written by a newer build": guessing at it could only lose data.
 
 Pure: no I/O. Encoders append to a flat list (the frame's); `decode` turns a flat list back into
@@ -100,6 +101,7 @@ class Kind(enum.IntEnum):
     GROUP_PARTITION = 27
     DEDUPE = 28
     PARTITION_STATE = 29
+    PARTITION_MESSAGES = 30
 
 
 class RecordError(Exception):
