@@ -39,6 +39,7 @@ class Config:
     partitions_per_queue_max: int = _opt(100_000, "partitions one queue may have; a push that would open one more is failed (partition_limit)", "N")
     queues_max: int = _opt(10_000, "queues the server holds; a push, pop or configure that would create one more answers storage_full", "N")
     queue_bytes_max: int = _opt(1 << 30, "payload bytes (and producer ids kept for dedupe) all queues retain; past it a push is failed (storage_full)", "BYTES")
+    timers_max: int = _opt(10_000_000, "pending timers, all queues; a schedule past it answers storage_full", "N")
     segment_bytes_max: int = _opt(64 << 20, "a WAL segment file is allocated at this size when created, and a new one started once it is full", "BYTES")
     snapshot_wal_bytes: int = _opt(32 << 20, "take a snapshot once this many WAL bytes were written since the last one; then covered segments are deleted", "BYTES")
     shutdown_grace_s: float = _opt(10.0, "on SIGTERM/SIGINT, time allowed for in-flight requests before connections are cut", "SECONDS")
@@ -51,7 +52,7 @@ class Config:
         return Limits(ns_bytes_max=self.ns_bytes_max, key_bytes_max=self.key_bytes_max,
                       value_bytes_max=self.value_bytes_max, ops_per_call_max=self.ops_per_call_max,
                       pop_bytes_max=self.pop_bytes_max, partitions_per_queue_max=self.partitions_per_queue_max,
-                      queues_max=self.queues_max, queue_bytes_max=self.queue_bytes_max)
+                      queues_max=self.queues_max, queue_bytes_max=self.queue_bytes_max, timers_max=self.timers_max)
 
 
 def config_fields():

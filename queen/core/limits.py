@@ -54,6 +54,9 @@ class Limits:
     partitions_per_queue_max: int = 100_000
     queues_max: int = 10_000
     queue_bytes_max: int = 1 << 30
+    # Timers: a key names an entity's reminder ("order-42:payment-timeout"), a composite like a KV key.
+    timer_key_bytes_max: int = 1024
+    timers_max: int = 10_000_000
 
     def problems(self) -> list[str]:
         """Sentences for combinations that cannot work; empty when sound."""

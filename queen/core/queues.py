@@ -25,8 +25,6 @@ from __future__ import annotations
 import base64
 import heapq
 import struct
-import sys
-from array import array
 from collections import deque
 
 import orjson
@@ -36,6 +34,7 @@ from pyroaring import BitMap
 from queen.core import records as rec
 from queen.core.kv import VersionCounter
 from queen.core.limits import Limits
+from queen.core.packing import int_array, read_int_array
 from queen.core.queue_ops import (
     DEFAULT_OPTIONS,
     GENERATED_ID_PREFIX,
@@ -49,6 +48,8 @@ from queen.core.queue_ops import (
     PushItem,
     QueueAdmin,
 )
+from queen.core.timer_ops import TimerList, Timers
+from queen.core.timers import TimerTable
 from queen.core.wheel import TimingWheel
 from queen.errors import BadRequest
 
@@ -213,11 +214,12 @@ class Shared:
     """What every shard's queue table shares: capacity counters, and which queue an id belongs to
     (so acks and lease calls, which name only ids, reach the queue's shard)."""
 
-    __slots__ = ("queues", "bytes", "partition_queue", "lease_queue")
+    __slots__ = ("queues", "bytes", "timers", "partition_queue", "lease_queue")
 
     def __init__(self):
         self.queues = 0
-        self.bytes = 0
+        self.bytes = 0  # payloads retained (timers' included) and producer ids kept
+        self.timers = 0
         self.partition_queue: dict[int, str] = {}
         self.lease_queue: dict[int, str] = {}
 
@@ -248,6 +250,30 @@ def refusal(code: str, message: str, **details) -> dict:
     return {"_refused": BadRequest(code, message, details)}
 
 
+class Growth:
+    """What the earlier pushes and schedules of one transaction will add, so the capacity check of
+    each later one counts them (every check is judged before anything is applied)."""
+
+    __slots__ = ("bytes", "timers", "queues", "messages", "partitions", "ids")
+
+    def __init__(self):
+        self.bytes = 0
+        self.timers = 0
+        self.queues: set[str] = set()  # queues the transaction creates
+        self.messages: dict[str, int] = {}  # queue -> messages it appends
+        self.partitions: set[tuple] = set()  # (queue, partition) it creates
+        self.ids: set[tuple] = set()  # (queue, partition, producer id) it appends
+
+    def new_queue(self, shared: Shared, limits: Limits, name: str, exists: bool) -> bool:
+        """Whether a queue the transaction names may exist (counting it as created if it is new)."""
+        if exists or name in self.queues:
+            return True
+        if shared.queues + len(self.queues) >= limits.queues_max:
+            return False
+        self.queues.add(name)
+        return True
+
+
 class QueueTable:
     def __init__(self, versions: VersionCounter, shared: Shared, limits: Limits, now_ms: int):
         self.versions = versions
@@ -263,6 +289,7 @@ class QueueTable:
         self.resolved: list = []  # (reply_to, position, answer) of parked pops answered
         self.ended_leases: dict[int, str] = {}  # lease id -> group, the most recent ENDED_LEASES_KEPT
         self.stats = QueueStats()
+        self.timers = TimerTable(self)
 
     def apply(self, op, now_ms: int, records: list, reply_to=None, position: int = 0):
         """The answer to one operation on this shard (None: a pop was parked)."""
@@ -273,6 +300,8 @@ class QueueTable:
             return self.pop(op, now_ms, records, reply_to, position)
         if kind is Acks:
             return self.ack(op.items, now_ms, records)
+        if kind is Timers or kind is TimerList:
+            return self.timers.apply(op, now_ms, records)
         if kind is Configure:
             return self.configure(op.queue, op.changes, now_ms, records)
         if kind is LeaseCall:
@@ -680,12 +709,63 @@ class QueueTable:
     def ack(self, items: list[AckItem], now_ms: int, records: list) -> list[dict]:
         return [self.ack_one(item, now_ms, records) for item in items]
 
-    def check_ack(self, item: AckItem, now_ms: int) -> tuple[str, dict] | None:
-        """What an ack would miss on, without applying it: (reason, current) or None. `already` is
-        not a miss. For transactions, judged against the state before the transaction."""
+    def check_ack(self, item: AckItem, now_ms: int, in_transaction: bool = False) -> tuple[str, dict] | None:
+        """What an ack would miss on, without applying it: (reason, current) or None. For a
+        transaction, a message already completed passes (answered `already`) only while the lease
+        named is live: a consumer whose lease expired cannot commit a step, even a retried one, and
+        current.state ("completed") tells it that its earlier attempt committed."""
         found = self._ack_target(item, now_ms)
-        if found[0] in ("lease_lost", "not_delivered"):
-            return found[0], {"state": found[1]}
+        kind = found[0]
+        if kind == "already":
+            if in_transaction and not self._lease_live(item, now_ms):
+                return "lease_lost", {"state": "completed"}
+            return None
+        if kind in ("lease_lost", "not_delivered"):
+            return kind, {"state": found[1]}
+        return None
+
+    def _lease_live(self, item: AckItem, now_ms: int) -> bool:
+        name = self.shared.lease_queue.get(item.lease_id)
+        entry = self.leases.get(item.lease_id) if name is not None else None
+        if entry is None:
+            return False
+        lease = entry[2]
+        return lease.expires_at_ms > now_ms and (item.group is None or item.group == lease.group)
+
+    def check_push(self, item: PushItem, now_ms: int, growth: Growth) -> str | None:
+        """Why push_one would refuse this push now, counting what earlier pushes of the same
+        transaction add (growth, updated here when it passes); None when it would not. The same
+        checks in the same order as push_one's; a duplicate passes and adds nothing."""
+        queue = self.queues.get(item.queue)
+        if not growth.new_queue(self.shared, self.limits, item.queue, queue is not None):
+            return "storage_full"
+        partition = queue.partitions.get(item.partition) if queue is not None else None
+        tid = item.transaction_id
+        if tid is not None:
+            if (item.queue, item.partition, tid) in growth.ids:
+                return None
+            entry = partition.dedupe.get(tid) if partition is not None else None
+            if entry is not None:
+                known_offset, _, _, until_ms = _DEDUPE.unpack(entry)
+                if until_ms > now_ms or known_offset in partition.messages:
+                    return None
+        max_size = queue.options["maxSize"] if queue is not None else DEFAULT_OPTIONS["maxSize"]
+        added = growth.messages.get(item.queue, 0)
+        if max_size and (queue.messages if queue is not None else 0) + added >= max_size:
+            return "queue_full"
+        cost = item.size + _dedupe_cost(tid)
+        if self.shared.bytes + growth.bytes + cost > self.limits.queue_bytes_max:
+            return "storage_full"
+        if partition is None and (item.queue, item.partition) not in growth.partitions:
+            existing = len(queue.partitions) if queue is not None else 0
+            created = sum(1 for name, _ in growth.partitions if name == item.queue)
+            if existing + created >= self.limits.partitions_per_queue_max:
+                return "partition_limit"
+            growth.partitions.add((item.queue, item.partition))
+        growth.messages[item.queue] = added + 1
+        growth.bytes += cost
+        if tid is not None:
+            growth.ids.add((item.queue, item.partition, tid))
         return None
 
     def _ack_target(self, item: AckItem, now_ms: int):
@@ -739,7 +819,25 @@ class QueueTable:
             return "inFlight"
         return "pending"
 
-    def ack_one(self, item: AckItem, now_ms: int, records: list) -> dict:
+    def ack_together(self, items: list[AckItem], now_ms: int, records: list) -> list[dict]:
+        """A transaction's acks on this shard, every one already checked: all apply, and a lease
+        partition one of them ends (a failed or dead-lettered message, or the last one completed)
+        ends after the last of them, so no ack of the same step finds its lease gone."""
+        ending: dict[tuple, list] = {}
+        results = [self.ack_one(item, now_ms, records, ending) for item in items]
+        ended = set()
+        for (lease_id, partition_id), (queue, group, lease, must_end) in ending.items():
+            held = lease.held.get(partition_id)
+            if held is not None and (must_end or not held):
+                self._lease_end(queue, group, lease, partition_id, now_ms, records)
+                ended.add((lease_id, partition_id))
+        for item, result in zip(items, results, strict=True):
+            if "leaseReleased" in result:
+                result["leaseReleased"] = (item.lease_id, item.partition_id) in ended
+        return results
+
+    def ack_one(self, item: AckItem, now_ms: int, records: list, ending: dict | None = None) -> dict:
+        """ending: a transaction's, to end lease partitions after its last ack instead of at once."""
         found = self._ack_target(item, now_ms)
         base = {"index": item.index, "partitionId": item.partition_id}
         kind = found[0]
@@ -759,7 +857,9 @@ class QueueTable:
         if item.status == "completed":
             self._message_state(queue, group.name, partition, offset, "completed", retry, None, now_ms, records)
             released = not lease.held[partition.id]
-            if released:
+            if ending is not None:
+                ending.setdefault((lease.lease_id, partition.id), [queue, group, lease, False])
+            elif released:
                 self._lease_end(queue, group, lease, partition.id, now_ms, records)
         else:
             retry += 1
@@ -770,7 +870,9 @@ class QueueTable:
             if not dlq:
                 self.stats.redelivered_failed += 1
             released = True
-            if partition.id in lease.held:
+            if ending is not None:
+                ending.setdefault((lease.lease_id, partition.id), [queue, group, lease, True])[3] = True
+            elif partition.id in lease.held:
                 self._lease_end(queue, group, lease, partition.id, now_ms, records)
         return {**base, "offset": offset, "transactionId": tid, "success": True, "leaseReleased": released,
                 "dlq": dlq, "retryCount": retry}
@@ -1028,6 +1130,7 @@ class QueueTable:
                 self._sweep(queue, partition, now_ms, records)
         for queue in self.queues.values():
             self._forget_producer_ids(queue, now_ms)
+        self.timers.tick(now_ms, records)
         for name in self.waiters:  # a delay may have run out
             self.dirty[name] = None
 
@@ -1193,10 +1296,11 @@ class QueueTable:
         if queue is None:
             return {"deleted": False, "reason": "absent"}
         messages = queue.messages
+        timers = len(self.timers.pending.get(name, ()))
         version = self.versions.next()
         rec.queue_delete(records, version, name)
         self._apply_queue_delete(queue)
-        return {"deleted": True, "messages": messages, "timers": 0}
+        return {"deleted": True, "messages": messages, "timers": timers}
 
     def _apply_queue_delete(self, queue: Queue) -> None:
         for group in queue.groups.values():
@@ -1212,6 +1316,7 @@ class QueueTable:
         self.shared.bytes -= queue.bytes
         self.shared.queues -= 1
         del self.queues[queue.name]
+        self.timers.drop_queue(queue.name)
 
     def delete_group(self, name: str, group_name: str, now_ms: int, records: list) -> dict:
         queue = self.queues.get(name)
@@ -1257,7 +1362,7 @@ class QueueTable:
                     dlq += d
             out.append({"queue": name, "createdAt": queue.created_at_ms, "partitions": len(queue.partitions),
                         "messages": queue.messages, "pending": pending, "inFlight": in_flight, "dlq": dlq,
-                        "timers": 0, "groups": sorted(queue.groups)})
+                        "timers": len(self.timers.pending.get(name, ())), "groups": sorted(queue.groups)})
         return out
 
     def queue_info(self, name: str, now_ms: int) -> dict:
@@ -1277,7 +1382,7 @@ class QueueTable:
                            "pending": pending, "inFlight": in_flight, "dlq": dlq, "leases": leases})
         return {"found": True, "queue": name, "createdAt": queue.created_at_ms, "options": dict(queue.options),
                 "partitions": len(queue.partitions), "messages": queue.messages, "bytes": queue.bytes,
-                "timers": {"pending": 0, "nextAt": None}, "groups": groups}
+                "timers": self.timers.summary(name), "groups": groups}
 
     def partitions_page(self, name: str, group: str | None, prefix: str, after: str | None, limit: int,
                         now_ms: int) -> dict:
@@ -1368,6 +1473,8 @@ class QueueTable:
             partition.removed_below = record.removed_below
         elif kind is rec.PartitionMessages:
             self._apply_messages(queue, queue.by_id[record.partition_id], record)
+        elif kind in _TIMER_RECORDS:
+            self.timers.replay(record)
         elif kind is rec.Dedupe:
             partition = queue.by_id[record.partition_id]
             if len(record.entries) != len(record.ids) * _DEDUPE.size:
@@ -1380,7 +1487,7 @@ class QueueTable:
     def _apply_messages(self, queue: Queue, partition: Partition, record) -> None:
         """A snapshot's messages of one partition, taken in whole (the effects of _apply_append,
         once for all of them)."""
-        offsets, lengths, blob = _read_int_array("q", record.offsets), _read_int_array("I", record.lengths), record.packed
+        offsets, lengths, blob = read_int_array("q", record.offsets), read_int_array("I", record.lengths), record.packed
         if sum(lengths) != len(blob) or not offsets:
             raise ValueError(f"a messages record of {len(offsets)} messages holds {len(blob)} bytes")
         messages = partition.messages
@@ -1425,19 +1532,21 @@ class QueueTable:
             leases = [(lease.lease_id, g.name, lease.acquired_at_ms, lease.expires_at_ms,
                        [[pid, list(offsets)] for pid, offsets in lease.held.items()])
                       for g in queue.groups.values() for lease in g.leases.values() if lease.held]
-            copies.append((queue.version, queue.name, queue.created_at_ms, dict(queue.options), partitions, groups, leases))
+            copies.append((queue.version, queue.name, queue.created_at_ms, dict(queue.options), partitions, groups, leases,
+                           self.timers.snapshot_copy(queue.name)))
         return copies
 
 
 def snapshot_records(copies, out: list) -> None:
     """The records that rebuild the queues of snapshot_copy()'s copies, in an order replay accepts."""
-    for version, name, created_at_ms, options, partitions, groups, leases in copies:
+    for version, name, created_at_ms, options, partitions, groups, leases, timers in copies:
         rec.queue_set(out, version, name, created_at_ms, options)
+        TimerTable.snapshot_records(name, timers, out)
         for partition_id, partition_name, partition_created, messages, _, dedupe, next_offset, removed_below in partitions:
             rec.partition(out, partition_id, name, partition_name, partition_created)
             if messages:
-                out += (30, name, partition_id, _int_array("q", messages.keys()),
-                        _int_array("I", map(len, messages.values())), b"".join(messages.values()))
+                out += (30, name, partition_id, int_array("q", messages.keys()),
+                        int_array("I", map(len, messages.values())), b"".join(messages.values()))
             if dedupe:
                 out += (28, name, partition_id, list(dedupe), b"".join(dedupe.values()))
             out += (29, name, partition_id, next_offset, removed_below)
@@ -1452,20 +1561,7 @@ def snapshot_records(copies, out: list) -> None:
             rec.grant(out, lease_id, name, group, acquired_at_ms, expires_at_ms, False, deliveries)
 
 
-def _int_array(code: str, values) -> bytes:
-    """values as a little-endian array of fixed-size integers, built in C."""
-    packed = array(code, values)
-    if sys.byteorder == "big":
-        packed.byteswap()
-    return packed.tobytes()
-
-
-def _read_int_array(code: str, raw: bytes) -> array:
-    values = array(code)
-    values.frombytes(raw)
-    if sys.byteorder == "big":
-        values.byteswap()
-    return values
+_TIMER_RECORDS = (rec.TimerSet, rec.TimerCancel, rec.TimerFired, rec.PendingTimers)
 
 
 def _nothing(op: PopOp, reason: str) -> dict:

@@ -27,6 +27,11 @@ encoding"), and a frame holds hundreds of records.
 | 27   | group_partition | queue, group, partition_id, floor, resolved, retries, dlq                    | no (snapshots)  |
 | 28   | dedupe    | queue, partition_id, transaction_id, offset, message_id, created_at_ms, until_ms   | no (snapshots)  |
 | 29   | partition_state | queue, partition_id, next_offset, removed_below                              | no (snapshots)  |
+| 30   | partition_messages | queue, partition_id, offsets, lengths, packed                             | no (snapshots)  |
+| 40   | timer_set | version, queue, key, at_ms, scheduled_at_ms, partition, payload, transaction_id, trace_id | version  |
+| 41   | timer_cancel | version, queue, key                                                             | version         |
+| 42   | timer_fired | version, queue, key                                                              | version         |
+| 43   | pending_timers | queue, keys, lengths, packed                                                  | no (snapshots)  |
 
 - put: the row (ns, key) now holds value at version; expires_at_ms 0 = forever. Lock permits are
   rows of the namespace `queen-locks` (their value is the owner).
@@ -66,8 +71,18 @@ Queues (kinds 16-30; every count and id is an integer, every name a string):
   below which everything was removed (its messages may all be gone); a partition's retained
   messages, packed, as three byte strings (queen/core/queues.py owns both packed layouts).
 
-Versions are global, dense and rising: every versioned record takes the next one, in log order.
-Kinds 40 and up are kept for timers. A kind this build does not know is refused as
+Timers (kinds 40-43):
+- timer_set: the timer (queue, key) is pending, due at at_ms, scheduled at scheduled_at_ms; its
+  message goes to partition (a name) with payload (JSON bytes), transaction_id and trace_id (each
+  a string or null). A timer_set of a pending key replaces it.
+- timer_cancel: the timer (queue, key) is gone, unfired.
+- timer_fired: the timer (queue, key) is gone because it fired; the append of its message (or
+  nothing, when its producer id was a duplicate) follows in the same frame.
+- pending_timers appears only in snapshots: one queue's pending timers, their keys, the uint32
+  lengths of their packed forms and those packed forms concatenated (queen/core/timers.py owns
+  the layout).
+
+Versions are global, dense and rising: every versioned record takes the next one, in log order. A kind this build does not know is refused as
 "written by a newer build": guessing at it could only lose data.
 
 Pure: no I/O. Encoders append to a flat list (the frame's); `decode` turns a flat list back into
@@ -102,6 +117,10 @@ class Kind(enum.IntEnum):
     DEDUPE = 28
     PARTITION_STATE = 29
     PARTITION_MESSAGES = 30
+    TIMER_SET = 40
+    TIMER_CANCEL = 41
+    TIMER_FIRED = 42
+    PENDING_TIMERS = 43
 
 
 class RecordError(Exception):
@@ -267,11 +286,44 @@ class PartitionMessages(NamedTuple):
     packed: bytes  # the packed messages, concatenated
 
 
+class TimerSet(NamedTuple):
+    version: int
+    queue: str
+    key: str
+    at_ms: int
+    scheduled_at_ms: int
+    partition: str
+    payload: bytes
+    transaction_id: str | None
+    trace_id: str | None
+
+
+class TimerCancel(NamedTuple):
+    version: int
+    queue: str
+    key: str
+
+
+class TimerFired(NamedTuple):
+    version: int
+    queue: str
+    key: str
+
+
+class PendingTimers(NamedTuple):
+    """A snapshot's pending timers of one queue, packed like PartitionMessages."""
+    queue: str
+    keys: list  # of str
+    lengths: bytes  # uint32 little-endian: each packed timer's length
+    packed: bytes  # the packed timers, concatenated
+
+
 QUEUE_RECORDS = (QueueSet, QueueDelete, PartitionCreate, Append, GroupJoin, GroupDelete, Grant, MessageState, LeaseEnd,
-                 LeaseExtend, Remove, GroupPartition, Dedupe, PartitionState, PartitionMessages)
+                 LeaseExtend, Remove, GroupPartition, Dedupe, PartitionState, PartitionMessages, TimerSet, TimerCancel,
+                 TimerFired, PendingTimers)
 Record = Put | Delete | Ceiling | SegmentCut | QueueSet | QueueDelete | PartitionCreate | Append | GroupJoin | \
     GroupDelete | Grant | MessageState | LeaseEnd | LeaseExtend | Remove | GroupPartition | Dedupe | PartitionState | \
-    PartitionMessages
+    PartitionMessages | TimerSet | TimerCancel | TimerFired | PendingTimers
 
 _PUT, _DELETE, _CEILING, _SEGMENT_CUT = int(Kind.PUT), int(Kind.DELETE), int(Kind.CEILING), int(Kind.SEGMENT_CUT)
 
@@ -343,6 +395,19 @@ def remove(out: list, version: int, queue: str, partition_id: int, below_offset:
     out += (26, version, queue, partition_id, below_offset, dlq_too, at_ms)
 
 
+def timer_set(out: list, version: int, queue: str, key: str, at_ms: int, scheduled_at_ms: int, partition: str,
+              payload: bytes, transaction_id, trace_id) -> None:
+    out += (40, version, queue, key, at_ms, scheduled_at_ms, partition, payload, transaction_id, trace_id)
+
+
+def timer_cancel(out: list, version: int, queue: str, key: str) -> None:
+    out += (41, version, queue, key)
+
+
+def timer_fired(out: list, version: int, queue: str, key: str) -> None:
+    out += (42, version, queue, key)
+
+
 def encode(out: list, record: Record) -> None:
     """Append a typed record (as `decode` gives them) to a flat list."""
     out.append(_KIND_OF[type(record)])
@@ -351,7 +416,8 @@ def encode(out: list, record: Record) -> None:
 
 _KIND_OF = {Put: _PUT, Delete: _DELETE, Ceiling: _CEILING, SegmentCut: _SEGMENT_CUT, QueueSet: 16, QueueDelete: 17,
             PartitionCreate: 18, Append: 19, GroupJoin: 20, GroupDelete: 21, Grant: 22, MessageState: 23, LeaseEnd: 24,
-            LeaseExtend: 25, Remove: 26, GroupPartition: 27, Dedupe: 28, PartitionState: 29}
+            LeaseExtend: 25, Remove: 26, GroupPartition: 27, Dedupe: 28, PartitionState: 29, PartitionMessages: 30,
+            TimerSet: 40, TimerCancel: 41, TimerFired: 42, PendingTimers: 43}
 
 
 # -- decoding ---------------------------------------------------------------------------------------
@@ -427,6 +493,12 @@ _SCHEMA = {
     29: (PartitionState, 4, lambda f: _str(f[0]) and _version(f[1]) and _int(f[2]) and _int(f[3]) and f[3] <= f[2]),
     30: (PartitionMessages, 5, lambda f: _str(f[0]) and _version(f[1]) and type(f[2]) is bytes and type(f[3]) is bytes
          and type(f[4]) is bytes and len(f[2]) == 2 * len(f[3]) and len(f[2]) % 8 == 0),
+    40: (TimerSet, 9, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _time(f[3]) and _time(f[4])
+         and _str(f[5]) and type(f[6]) is bytes and _opt_str(f[7]) and _opt_str(f[8])),
+    41: (TimerCancel, 3, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2])),
+    42: (TimerFired, 3, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2])),
+    43: (PendingTimers, 4, lambda f: _str(f[0]) and type(f[1]) is list and all(type(k) is str for k in f[1])
+         and type(f[2]) is bytes and type(f[3]) is bytes and len(f[2]) == 4 * len(f[1])),
 }
 
 
@@ -453,7 +525,7 @@ def decode(flat) -> list[Record]:
     return records
 
 
-_UNVERSIONED = (Ceiling, SegmentCut, GroupPartition, Dedupe, PartitionState)
+_UNVERSIONED = (Ceiling, SegmentCut, GroupPartition, Dedupe, PartitionState, PartitionMessages, PendingTimers)
 
 
 def version_of(record: Record) -> int:

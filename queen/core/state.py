@@ -19,10 +19,10 @@ import zlib
 
 from queen.core import queues as queue_state
 from queen.core import records as rec
-from queen.core.kv import LOCKS_NS, KvOp, VersionCounter, snapshot_records
+from queen.core.kv import LOCKS_NS, VersionCounter, snapshot_records
 from queen.core.limits import Limits
 from queen.core.shard import ShardState
-from queen.core.txn import apply_transaction
+from queen.core.txn import TransactionOps, apply_transaction
 
 _ns_seeds: dict[str, int] = {}
 _NS_SEEDS_MAX = 4096  # namespaces are few; past this, hash without the cache rather than grow it
@@ -69,12 +69,12 @@ class Ops:
 
 
 class Transaction:
-    """KV operations on any shards, all or nothing; answered as (reply_to, 0, answer)."""
+    """A transaction's sections, on any shards, all or nothing; answered as (reply_to, 0, answer)."""
 
-    __slots__ = ("ops", "reply_to")
+    __slots__ = ("txn", "reply_to")
 
-    def __init__(self, ops: list[KvOp], reply_to):
-        self.ops = ops
+    def __init__(self, txn: TransactionOps | list, reply_to):
+        self.txn = TransactionOps(txn) if type(txn) is list else txn  # a list: KV operations only
         self.reply_to = reply_to
 
 
@@ -137,9 +137,7 @@ class State:
                     answers.append((reply_to, position, result))
             touched = (shard,)
         elif kind is Transaction:
-            count = self.shard_count
-            touched = [self.shards[shard_of(op.ns, op.key, count)] for op in step.ops]
-            answer = apply_transaction(step.ops, [shard.kv for shard in touched], now_ms, records)
+            touched, answer = self._transaction(step.txn, now_ms, records)
             answers.append((step.reply_to, 0, answer))
         elif kind is Tick:
             touched = self.shards
@@ -171,6 +169,22 @@ class State:
         if last == before:
             return Applied(answers, records, 0, 0)
         return Applied(answers, records, before + 1, last)
+
+    def _transaction(self, txn: TransactionOps, now_ms: int, records: list) -> tuple[list, dict]:
+        """Applies a transaction; the shards it touched, and its answer."""
+        count = self.shard_count
+        kv_shards = [self.shards[shard_of(op.ns, op.key, count)] for op in txn.kv]
+        partition_queue = self.queues.partition_queue
+        # An ack's partition is found through its queue; an unknown one is judged (lease_lost) on shard 0.
+        ack_shards = [self.shards[shard_of_queue(partition_queue[item.partition_id], count)
+                                  if item.partition_id in partition_queue else 0] for item in txn.ack]
+        push_shards = [self.shards[shard_of_queue(item.queue, count)] for item in txn.push]
+        timer_shards = [self.shards[shard_of_queue(op.queue, count)] for op in txn.timers]
+        answer = apply_transaction(txn, [shard.kv for shard in kv_shards], [shard.queues for shard in ack_shards],
+                                   [shard.queues for shard in push_shards], [shard.queues for shard in timer_shards],
+                                   now_ms, records)
+        touched = {id(shard): shard for shard in (*kv_shards, *ack_shards, *push_shards, *timer_shards)}
+        return list(touched.values()), answer
 
     # -- recovery and snapshots -------------------------------------------------------------------
 

@@ -1,19 +1,84 @@
-"""Transactions: several KV operations, possibly on several shards, applied all or nothing as one
-step, so one submit and one frame.
+"""Transactions: one step that reads and changes KV rows, acks messages, pushes messages and
+schedules or cancels timers, all or nothing, so one submit and one frame.
 
-Every precondition (expect, check, putIfAbsent, incr bounds) is evaluated against the state before
-the transaction; the keys of one transaction are distinct, so that is also the state each write
-sees. If any misses, nothing is written. Pure: the caller passes each op's KV state and now_ms.
+Sections, judged and applied in this order: `kv`, `ack`, `push`, `timers`. Every precondition is
+judged against the state before the transaction (the KV keys of one transaction are distinct, each
+message is acked once, each timer named once, and the capacity a push or schedule needs counts
+what the earlier ones of the same transaction add). If any misses, nothing is written and the first
+miss is the answer. Only then is everything applied; nothing applied can fail after its check
+passed, so a transaction that began to apply completes.
+
+An ack fences the consumer: one whose lease has expired (a paused process, a partition handed to
+another consumer) cannot commit its step, whatever else the step holds.
+
+Pure: the caller passes the state each operation falls on, and now_ms.
 """
 
 from __future__ import annotations
 
-from queen.core.kv import KvOp, KvState
+from queen.core.kv import KvOp, KvState, parse_kv_ops
+from queen.core.limits import Limits
+from queen.core.queue_ops import AckItem, PushItem, parse_acks, parse_push
+from queen.core.queues import Growth
+from queen.core.timer_ops import TimerOp, parse_timer_ops
 from queen.errors import BadRequest
 
 TXN_OPS = frozenset(("get", "check", "put", "putIfAbsent", "delete", "incr"))
-SECTIONS = ("kv",)
-LATER_SECTIONS = ("push", "ack", "timers")
+SECTIONS = ("kv", "ack", "push", "timers")
+_READ_ONLY = frozenset(("get", "check"))
+
+
+class TransactionOps:
+    """A parsed transaction: each section's operations (empty when not sent)."""
+
+    __slots__ = ("kv", "ack", "push", "timers")
+
+    def __init__(self, kv: list[KvOp], ack: list[AckItem] = (), push: list[PushItem] = (),
+                 timers: list[TimerOp] = ()):
+        self.kv = kv
+        self.ack = list(ack)
+        self.push = list(push)
+        self.timers = list(timers)
+
+    def writes(self) -> bool:
+        return bool(self.ack or self.push or self.timers) or any(op.op not in _READ_ONLY for op in self.kv)
+
+    def sections(self) -> list[str]:
+        return [section for section in SECTIONS if getattr(self, section)]
+
+
+def parse_transaction(document, limits: Limits, now_ms: int) -> TransactionOps:
+    if type(document) is not dict:
+        raise BadRequest("invalid_body", 'the body must be an object of sections: {"kv": [...], "ack": [...], '
+                         '"push": [...], "timers": [...]}')
+    if "operations" in document:
+        raise BadRequest("unsupported_form", "a transaction is sent as sections, not as operations: "
+                         '{"kv": [...], "ack": [...], "push": [...], "timers": [...]} (any subset)')
+    for section in document:
+        if section not in SECTIONS:
+            raise BadRequest("unknown_section", f"unknown section {str(section)[:50]!r}; a transaction has "
+                             f"{', '.join(SECTIONS)}", {"section": str(section)[:50]})
+    if not document:
+        raise BadRequest("invalid_body", "a transaction needs at least one operation in one of its sections: "
+                         f"{', '.join(SECTIONS)}")
+    kv: list[KvOp] = []
+    if "kv" in document:
+        try:
+            kv = parse_kv_ops(document["kv"], limits)
+        except BadRequest as error:
+            error.details.setdefault("section", "kv")
+            raise
+        check_transaction_ops(kv)
+    txn = TransactionOps(
+        kv,
+        parse_acks(document["ack"], limits, "ack") if "ack" in document else (),
+        parse_push(document["push"], limits, "push") if "push" in document else (),
+        parse_timer_ops(document["timers"], limits, now_ms, "timers") if "timers" in document else ())
+    count = len(txn.kv) + len(txn.ack) + len(txn.push) + len(txn.timers)
+    if count > limits.ops_per_call_max:
+        raise BadRequest("too_many_operations", f"at most {limits.ops_per_call_max} operations in all sections of a "
+                         "transaction", {"count": count, "limit": limits.ops_per_call_max})
+    return txn
 
 
 def check_transaction_ops(ops: list[KvOp]) -> None:
@@ -28,19 +93,65 @@ def check_transaction_ops(ops: list[KvOp]) -> None:
         seen.add((op.ns, op.key))
 
 
-def apply_transaction(ops: list[KvOp], states: list[KvState], now_ms: int, records: list) -> dict:
-    """The answer; states[i] owns ops[i]'s key."""
-    for index, (op, state) in enumerate(zip(ops, states, strict=True)):
+def apply_transaction(txn: TransactionOps, kv_states: list[KvState], ack_tables: list, push_tables: list,
+                      timer_tables: list, now_ms: int, records: list) -> dict:
+    """The answer. kv_states[i] owns txn.kv[i]'s key; the *_tables are the QueueTables that own
+    each ack's partition, each push's queue and each timer's queue."""
+    miss = _first_miss(txn, kv_states, ack_tables, push_tables, timer_tables, now_ms)
+    if miss is not None:
+        return {"success": False, "reason": miss.pop("top"), "failed": miss}
+    answer: dict = {"success": True}
+    if txn.kv:
+        results = []
+        for index, (op, state) in enumerate(zip(txn.kv, kv_states, strict=True)):
+            result = state.apply(op, now_ms, records)
+            result["index"] = index
+            result["op"] = op.op
+            results.append(result)
+        answer["kv"] = results
+    if txn.ack:
+        results = [None] * len(txn.ack)
+        by_table: dict[int, tuple] = {}
+        for item, table in zip(txn.ack, ack_tables, strict=True):
+            by_table.setdefault(id(table), (table, []))[1].append(item)
+        for table, items in by_table.values():
+            for result in table.ack_together(items, now_ms, records):
+                results[result["index"]] = result
+        answer["ack"] = results
+    if txn.push:
+        answer["push"] = [table.push_one(item, now_ms, records, exempt=True)
+                          for item, table in zip(txn.push, push_tables, strict=True)]
+    if txn.timers:
+        answer["timers"] = [table.timers.apply_checked(op, now_ms, records)
+                            for op, table in zip(txn.timers, timer_tables, strict=True)]
+    return answer
+
+
+def _first_miss(txn: TransactionOps, kv_states, ack_tables, push_tables, timer_tables, now_ms: int) -> dict | None:
+    """The first precondition that misses, in section order, as the answer's `failed` (with the
+    top-level reason under "top"); None when every one holds. Changes nothing."""
+    for index, (op, state) in enumerate(zip(txn.kv, kv_states, strict=True)):
         miss = state.precheck(op, now_ms)
         if miss is not None:
             current = miss.get("current") or {"version": miss.get("version", 0)}
-            failed = {"section": "kv", "index": index, "op": op.op, "ns": op.ns, "key": op.key,
-                      "reason": miss["reason"], "current": current}
-            return {"success": False, "reason": "kv_precondition", "failed": failed}
-    results = []
-    for index, (op, state) in enumerate(zip(ops, states, strict=True)):
-        result = state.apply(op, now_ms, records)
-        result["index"] = index
-        result["op"] = op.op
-        results.append(result)
-    return {"success": True, "kv": results}
+            return {"top": "kv_precondition", "section": "kv", "index": index, "op": op.op, "ns": op.ns, "key": op.key,
+                    "reason": miss["reason"], "current": current}
+    for index, (item, table) in enumerate(zip(txn.ack, ack_tables, strict=True)):
+        miss = table.check_ack(item, now_ms, in_transaction=True)
+        if miss is not None:
+            reason, current = miss
+            return {"top": reason, "section": "ack", "index": index, "reason": reason,
+                    "partitionId": item.partition_id, "leaseId": item.lease_id, "current": current}
+    growth = Growth()
+    for index, (item, table) in enumerate(zip(txn.push, push_tables, strict=True)):
+        reason = table.check_push(item, now_ms, growth)
+        if reason is not None:
+            return {"top": reason, "section": "push", "index": index, "reason": reason, "queue": item.queue,
+                    "partition": item.partition}
+    for index, (op, table) in enumerate(zip(txn.timers, timer_tables, strict=True)):
+        if op.op == "schedule":
+            reason = table.timers.check_schedule(op, growth)
+            if reason is not None:
+                return {"top": reason, "section": "timers", "index": index, "reason": reason, "queue": op.queue,
+                        "key": op.key}
+    return None

@@ -36,7 +36,8 @@ from queen.core.queue_ops import (
     parse_requeue,
     queue_name,
 )
-from queen.core.txn import LATER_SECTIONS, SECTIONS, check_transaction_ops
+from queen.core.timer_ops import parse_timers
+from queen.core.txn import parse_transaction
 from queen.errors import BadRequest, QueenError
 from queen.http.codec import CBOR, decode_body, encode_body
 from queen.http.connection import Request, Response
@@ -63,6 +64,7 @@ class Api:
             "/api/v1/kv": {b"POST": self._kv_batch},
             "/api/v1/locks": {b"POST": self._locks, b"GET": self._list_locks},
             "/api/v1/transaction": {b"POST": self._transaction},
+            "/api/v1/timers": {b"POST": self._timers, b"GET": self._list_timers},
             "/api/v1/configure": {b"POST": self._configure},
             "/api/v1/push": {b"POST": self._push},
             "/api/v1/ack": {b"POST": self._ack},
@@ -188,20 +190,21 @@ class Api:
 
     async def _transaction(self, request: Request, parts, query):
         document = decode_body(request.body, request.content_type)
-        if type(document) is not dict:
-            raise BadRequest("invalid_body", 'the body must be an object: {"kv": [...]}')
-        for section in document:
-            if type(section) is not str:
-                raise BadRequest("unknown_section", "section names are strings", {"section": section})
-            if section in LATER_SECTIONS:
-                raise BadRequest("unsupported_section", f"the {section} section is not available on this server yet",
-                                 {"section": section})
-            if section not in SECTIONS:
-                raise BadRequest("unknown_section", f"unknown section {section!r}; a transaction has: {', '.join(SECTIONS)}",
-                                 {"section": section})
-        ops = parse_kv_ops(document.get("kv"), self.limits)
-        check_transaction_ops(ops)
-        return await self.router.run_transaction(ops)
+        return await self.router.run_transaction(parse_transaction(document, self.limits, self.router.now_ms()))
+
+    async def _timers(self, request: Request, parts, query):
+        document = decode_body(request.body, request.content_type)
+        return {"results": await self.router.timers(parse_timers(document, self.limits, self.router.now_ms()))}
+
+    async def _list_timers(self, request: Request, parts, query):
+        params = _query(query)
+        check_params(params, frozenset(("queue", "prefix", "cursor", "limit")))
+        queue = queue_name(params.get("queue"), self.limits)
+        prefix = params.get("prefix", "")
+        if len(prefix.encode()) > self.limits.timer_key_bytes_max:
+            raise BadRequest("invalid_prefix", f"prefix must be at most {self.limits.timer_key_bytes_max} bytes")
+        after = decode_cursor(params.get("cursor"))
+        return await self.router.list_timers(queue, prefix, after, page_limit(params, self.limits))
 
     # -- queues -------------------------------------------------------------------------------------
 

@@ -11,6 +11,8 @@ from queen.core.kv import LOCKS_NS, KvOp, encode_cursor
 from queen.core.locks import LockOp
 from queen.core.queue_ops import AckItem, Acks, LeaseCall, PopOp, Push, PushItem, QueueAdmin
 from queen.core.state import Abandon, Tick, Transaction, shard_of, shard_of_lock, shard_of_queue
+from queen.core.timer_ops import TimerList, TimerOp, Timers
+from queen.core.txn import TransactionOps
 from queen.errors import Unavailable
 from queen.runtime.shard_actor import ShardActor
 from queen.runtime.steps import Call, StepRunner
@@ -23,6 +25,10 @@ class Router:
         self.steps = steps
         self.writer = steps.writer
         self.draining = False
+
+    def now_ms(self) -> int:
+        """The server's clock, as every step reads it (a delayMs becomes an at with it)."""
+        return self.steps.clock.now_ms()
 
     def refuse_writes_if_unavailable(self) -> None:
         if self.writer.failed is not None:
@@ -145,6 +151,19 @@ class Router:
             by_shard.setdefault(self.queue_shard(item.queue), []).append(item)
         return await self._spread(by_shard, Push, len(items))
 
+    async def timers(self, ops: list[TimerOp]) -> list[dict]:
+        """Timer operations go to their queues' shards; one result per operation, in order."""
+        if any(op.op != "get" for op in ops):
+            self.refuse_writes_if_unavailable()
+        by_shard: dict[int, list] = {}
+        for op in ops:
+            by_shard.setdefault(self.queue_shard(op.queue), []).append(op)
+        return await self._spread(by_shard, Timers, len(ops))
+
+    async def list_timers(self, queue: str, prefix: str, after: str | None, limit: int) -> dict:
+        page = await self.run_queue(queue, TimerList(queue, prefix, after, limit))
+        return {"items": page["items"], "cursor": encode_cursor(page["after"]) if page["after"] is not None else None}
+
     async def ack(self, items: list[AckItem]) -> list[dict]:
         self.refuse_writes_if_unavailable()
         by_shard: dict[int, list] = {}
@@ -191,14 +210,15 @@ class Router:
             await call.done.wait()
             nursery.cancel_scope.cancel()
 
-    async def run_transaction(self, ops: list[KvOp]) -> dict:
+    async def run_transaction(self, txn: TransactionOps | list[KvOp]) -> dict:
         """All or nothing, as one step (so one frame), applied here across the shards it touches:
         on one thread that is atomic by construction, where a two-phase exchange between actors
-        could deadlock against another transaction."""
-        if any(op.op != "get" and op.op != "check" for op in ops):
+        could deadlock against another transaction. A list is a KV-only transaction."""
+        step = Transaction(txn, Call(1, 1))
+        if step.txn.writes():
             self.refuse_writes_if_unavailable()
-        call = Call(1, 1)
-        self.steps.run(Transaction(ops, call))
+        call = step.reply_to
+        self.steps.run(step)
         await call.done.wait()
         if call.error is not None:
             raise call.error

@@ -207,4 +207,20 @@ class Server:
                    "# TYPE queen_pop_wait_seconds summary\n"
                    f"queen_pop_wait_seconds_sum {sum(s.pop_wait_ms_total for s in stats) / 1000}\n"
                    f"queen_pop_wait_seconds_count {sum(s.pop_waits for s in stats)}\n")
+        timers = [table.timers.stats for table in tables]
+        fired = sum(t.fired for t in timers)
+        out.append("# HELP queen_timers_pending timers scheduled and not yet fired or cancelled\n"
+                   f"# TYPE queen_timers_pending gauge\nqueen_timers_pending {self.state.queues.timers}\n"
+                   "# HELP queen_timers_fired_total timers fired (each removed and its message appended in one record)\n"
+                   f"# TYPE queen_timers_fired_total counter\nqueen_timers_fired_total {fired}\n"
+                   "# HELP queen_timer_fire_duplicates_total fires that appended nothing: their transactionId was "
+                   "already in the partition\n# TYPE queen_timer_fire_duplicates_total counter\n"
+                   f"queen_timer_fire_duplicates_total {sum(t.fire_duplicates for t in timers)}\n"
+                   "# HELP queen_timer_fire_late_seconds how long after its time each timer fired (server clock)\n"
+                   "# TYPE queen_timer_fire_late_seconds summary\n"
+                   f"queen_timer_fire_late_seconds_sum {sum(t.late_ms_total for t in timers) / 1000}\n"
+                   f"queen_timer_fire_late_seconds_count {fired}\n"
+                   "# HELP queen_timer_fire_late_seconds_max the latest any timer fired since the start\n"
+                   "# TYPE queen_timer_fire_late_seconds_max gauge\n"
+                   f"queen_timer_fire_late_seconds_max {max((t.late_ms_max for t in timers), default=0) / 1000}\n")
         return "".join(out)

@@ -17,7 +17,9 @@ from queen.core.queue_ops import (
     parse_pop,
     parse_push,
 )
-from queen.core.state import Abandon, Ops, State, Tick
+from queen.core.state import Abandon, Ops, State, Tick, Transaction
+from queen.core.timer_ops import Timers, parse_timer_ops
+from queen.core.txn import parse_transaction
 from queen.core.values import json_default
 
 T0 = 1_700_000_000_000
@@ -84,6 +86,27 @@ class Queues:
 
     def admin(self, kind, queue="orders", **args):
         return self.call(QueueAdmin(kind, queue, **args))
+
+    def timers(self, *ops, queue="orders"):
+        """Timer operations, each a dict (queue defaults to "orders"); their results."""
+        parsed = parse_timer_ops([{"queue": queue, **op} for op in ops], self.limits, self.now)
+        return self.call(Timers(parsed))
+
+    def timer(self, op="get", **fields):
+        [result] = self.timers({"op": op, **fields})
+        return result
+
+    def txn(self, document):
+        """A transaction; its answer and the records it wrote."""
+        before = len(self.records)
+        reply_to = object()
+        answer = None
+        for to, _, result in self.step(Transaction(parse_transaction(document, self.limits, self.now), reply_to)):
+            if to is reply_to:
+                answer = result
+            else:
+                self.answered.append((to, result))
+        return answer, self.records[before:]
 
     def tick(self, ms=0):
         self.now += ms

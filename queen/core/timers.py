@@ -1,0 +1,298 @@
+"""The timers of one shard's queues: messages scheduled into a queue partition for later, named by
+(queue, key), fired by the tick into their partition.
+
+Model:
+  - A pending timer is one packed bytes value (below) in a plain dict per queue, keyed by its key:
+    a dict of bytes is never tracked by Python's cyclic GC, so ten million pending timers cost the
+    collector nothing (see the same choice for messages in queen/core/queues.py).
+  - When they fall due: a heap of (at_ms, version, queue, key). Moving or cancelling a timer leaves
+    its old entry behind, recognized as stale by its version when it comes up; the heap is rebuilt
+    when stale entries outnumber live ones. A tick costs what falls due in it (a pop per timer),
+    however many are pending.
+  - A fire is one step: a `timer_fired` record (the timer is gone) and the push of its message,
+    exempt from the queue's capacity (a due timer is never refused), in the same frame, so after
+    any crash either both happened or neither and the timer fires after the restart. Its message
+    is created at the fire time; a producer id already known in the partition makes it a
+    duplicate (the timer is gone, nothing appended).
+
+Every change is a record taking the next version, and the same `_apply_*` functions serve a live
+step and replay. Never reads a clock: now_ms is passed in.
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+
+from orjson import Fragment
+
+from queen.core import records as rec
+from queen.core.packing import int_array, read_int_array
+from queen.core.queue_ops import PushItem
+from queen.core.timer_ops import TimerList, TimerOp
+
+# at_ms, version, scheduled_at_ms, bytes of the partition name, of the producer id (-1: none), of
+# the trace id (-1: none); then those three (UTF-8) and the payload's JSON encoding. Snapshots store
+# it as it is: change it only with the format version.
+_HEAD = struct.Struct("<qqqiii")
+_AT_VERSION = struct.Struct("<qq")
+# Timers one tick fires at most; the rest go at the next tick (so a backlog due after a long
+# downtime is worked off in bounded steps, not one step of millions).
+FIRE_BUDGET = 10_000
+
+
+def pack_timer(at_ms: int, version: int, scheduled_at_ms: int, partition: str, tid: str | None, trace_id: str | None,
+               payload: bytes) -> bytes:
+    name = partition.encode()
+    tid_raw = b"" if tid is None else tid.encode()
+    trace_raw = b"" if trace_id is None else trace_id.encode()
+    head = _HEAD.pack(at_ms, version, scheduled_at_ms, len(name), -1 if tid is None else len(tid_raw),
+                      -1 if trace_id is None else len(trace_raw))
+    return head + name + tid_raw + trace_raw + payload
+
+
+def unpack_timer(packed: bytes) -> tuple:
+    """(at_ms, version, scheduled_at_ms, partition, transaction_id, trace_id, payload)"""
+    at_ms, version, scheduled_at_ms, name_length, tid_length, trace_length = _HEAD.unpack_from(packed)
+    position = _HEAD.size + name_length
+    partition = packed[_HEAD.size:position].decode()
+    tid = trace_id = None
+    if tid_length >= 0:
+        tid = packed[position:position + tid_length].decode()
+        position += tid_length
+    if trace_length >= 0:
+        trace_id = packed[position:position + trace_length].decode()
+        position += trace_length
+    return at_ms, version, scheduled_at_ms, partition, tid, trace_id, packed[position:]
+
+
+def _payload_bytes(packed: bytes) -> int:
+    _, _, _, name_length, tid_length, trace_length = _HEAD.unpack_from(packed)
+    return len(packed) - _HEAD.size - name_length - max(tid_length, 0) - max(trace_length, 0)
+
+
+class TimerStats:
+    __slots__ = ("scheduled", "cancelled", "fired", "fire_duplicates", "late_ms_total", "late_ms_max")
+
+    def __init__(self):
+        self.scheduled = self.cancelled = self.fired = self.fire_duplicates = 0
+        self.late_ms_total = self.late_ms_max = 0
+
+
+class TimerTable:
+    """Owned by the shard's QueueTable: timers fire into its queues, and go with a deleted queue."""
+
+    def __init__(self, queues):
+        self.queues = queues  # QueueTable
+        self.pending: dict[str, dict[str, bytes]] = {}  # queue -> key -> packed timer
+        self.due: list = []  # heap of (at_ms, version, queue, key)
+        self.count = 0
+        self.stats = TimerStats()
+
+    # ------------------------------------------------------------------------------------------
+    # Operations.
+
+    def apply(self, op, now_ms: int, records: list):
+        if type(op) is TimerList:
+            return self.page(op.queue, op.prefix, op.after, op.limit)
+        return [self.apply_one(timer, now_ms, records) for timer in op.ops]
+
+    def apply_one(self, op: TimerOp, now_ms: int, records: list) -> dict:
+        base = {"index": op.index, "op": op.op, "queue": op.queue, "key": op.key}
+        if op.op == "schedule":
+            return {**base, **self.schedule(op, now_ms, records)}
+        if op.op == "cancel":
+            return {**base, **self.cancel(op.queue, op.key, records)}
+        return {**base, **self.get(op.queue, op.key)}
+
+    def check_schedule(self, op: TimerOp, growth=None) -> str | None:
+        """Why a schedule would be refused now ("storage_full"), or None. growth: a transaction's
+        (queen/core/queues.py Growth), counting what its earlier pushes and schedules add, updated
+        here when this one passes."""
+        queues = self.queues
+        shared, limits = queues.shared, queues.limits
+        exists = op.queue in queues.queues
+        if growth is None:
+            if not exists and shared.queues >= limits.queues_max:
+                return "storage_full"
+        elif not growth.new_queue(shared, limits, op.queue, exists):
+            return "storage_full"
+        old = self.pending.get(op.queue, {}).get(op.key)
+        extra_timers = growth.timers if growth is not None else 0
+        extra_bytes = growth.bytes if growth is not None else 0
+        if old is None and shared.timers + extra_timers >= limits.timers_max:
+            return "storage_full"
+        grows = len(op.payload) - (_payload_bytes(old) if old is not None else 0)
+        if shared.bytes + extra_bytes + grows > limits.queue_bytes_max:
+            return "storage_full"
+        if growth is not None:
+            growth.timers += old is None
+            growth.bytes += max(grows, 0)
+        return None
+
+    def schedule(self, op: TimerOp, now_ms: int, records: list) -> dict:
+        reason = self.check_schedule(op)
+        if reason is not None:
+            return {"scheduled": False, "reason": reason, "error": reason}
+        return self._schedule(op, now_ms, records)
+
+    def apply_checked(self, op: TimerOp, now_ms: int, records: list) -> dict:
+        """A transaction's schedule or cancel, its capacity already checked."""
+        base = {"index": op.index, "op": op.op, "queue": op.queue, "key": op.key}
+        if op.op == "schedule":
+            return {**base, **self._schedule(op, now_ms, records)}
+        return {**base, **self.cancel(op.queue, op.key, records)}
+
+    def _schedule(self, op: TimerOp, now_ms: int, records: list) -> dict:
+        self.queues._queue(op.queue, now_ms, records, create=True)
+        replaced = op.key in self.pending.get(op.queue, ())
+        version = self.queues.versions.next()
+        rec.timer_set(records, version, op.queue, op.key, op.at_ms, now_ms, op.partition, op.payload,
+                      op.transaction_id, op.trace_id)
+        self._apply_set(op.queue, op.key, pack_timer(op.at_ms, version, now_ms, op.partition, op.transaction_id,
+                                                     op.trace_id, op.payload))
+        self.stats.scheduled += 1
+        return {"scheduled": True, "at": op.at_ms, "version": version, "replaced": replaced}
+
+    def cancel(self, queue: str, key: str, records: list) -> dict:
+        packed = self.pending.get(queue, {}).get(key)
+        if packed is None:  # never scheduled, cancelled before, or already fired
+            return {"cancelled": False, "reason": "absent"}
+        rec.timer_cancel(records, self.queues.versions.next(), queue, key)
+        self._apply_remove(queue, key)
+        self.stats.cancelled += 1
+        return {"cancelled": True, "version": _AT_VERSION.unpack_from(packed)[1]}
+
+    def get(self, queue: str, key: str) -> dict:
+        packed = self.pending.get(queue, {}).get(key)
+        if packed is None:
+            return {"found": False}
+        at_ms, version, scheduled_at_ms, partition, tid, _, payload = unpack_timer(packed)
+        return {"found": True, "at": at_ms, "partition": partition, "payload": Fragment(payload),
+                "transactionId": tid, "version": version, "scheduledAt": scheduled_at_ms}
+
+    def page(self, queue: str, prefix: str, after: str | None, limit: int) -> dict:
+        timers = self.pending.get(queue, {})
+        keys = heapq.nsmallest(limit + 1, (key for key in timers if key.startswith(prefix)
+                                           and (after is None or key > after)))
+        items = []
+        for key in keys[:limit]:
+            at_ms, version, scheduled_at_ms, partition, tid, _, _ = unpack_timer(timers[key])
+            items.append({"queue": queue, "key": key, "partition": partition, "at": at_ms, "version": version,
+                          "scheduledAt": scheduled_at_ms, "transactionId": tid})
+        return {"items": items, "after": keys[limit - 1] if len(keys) > limit else None}
+
+    def summary(self, queue: str) -> dict:
+        timers = self.pending.get(queue)
+        if not timers:
+            return {"pending": 0, "nextAt": None}
+        return {"pending": len(timers), "nextAt": min(_AT_VERSION.unpack_from(packed)[0] for packed in timers.values())}
+
+    # ------------------------------------------------------------------------------------------
+    # Time.
+
+    def tick(self, now_ms: int, records: list) -> None:
+        due = self.due
+        budget = FIRE_BUDGET
+        while due and due[0][0] <= now_ms and budget:
+            at_ms, version, queue, key = heapq.heappop(due)
+            packed = self.pending.get(queue, {}).get(key)
+            if packed is None or _AT_VERSION.unpack_from(packed)[1] != version:
+                continue  # moved or cancelled since
+            self._fire(queue, key, packed, now_ms, records)
+            budget -= 1
+
+    def _fire(self, queue: str, key: str, packed: bytes, now_ms: int, records: list) -> None:
+        at_ms, _, _, partition, tid, trace_id, payload = unpack_timer(packed)
+        rec.timer_fired(records, self.queues.versions.next(), queue, key)
+        self._apply_remove(queue, key)
+        result = self.queues.push_one(PushItem(0, queue, partition, payload, tid, trace_id, len(payload)), now_ms,
+                                      records, exempt=True)
+        stats = self.stats
+        stats.fired += 1
+        if result["status"] == "duplicate":
+            stats.fire_duplicates += 1
+        late_ms = now_ms - at_ms
+        stats.late_ms_total += late_ms
+        stats.late_ms_max = max(stats.late_ms_max, late_ms)
+
+    # ------------------------------------------------------------------------------------------
+    # State changes, live and in replay.
+
+    def _apply_set(self, queue: str, key: str, packed: bytes) -> None:
+        timers = self.pending.setdefault(queue, {})
+        old = timers.get(key)
+        shared = self.queues.shared
+        if old is None:
+            self.count += 1
+            shared.timers += 1
+        else:
+            shared.bytes -= _payload_bytes(old)
+        timers[key] = packed
+        shared.bytes += _payload_bytes(packed)
+        at_ms, version = _AT_VERSION.unpack_from(packed)
+        heapq.heappush(self.due, (at_ms, version, queue, key))
+        if len(self.due) > 2 * self.count + 1024:
+            self._rebuild_due()
+
+    def _apply_remove(self, queue: str, key: str) -> None:
+        timers = self.pending.get(queue)
+        packed = timers.pop(key, None) if timers is not None else None
+        if packed is None:
+            return
+        if not timers:
+            del self.pending[queue]
+        self.count -= 1
+        shared = self.queues.shared
+        shared.timers -= 1
+        shared.bytes -= _payload_bytes(packed)
+
+    def drop_queue(self, queue: str) -> int:
+        """A deleted queue's timers go with it; how many there were."""
+        timers = self.pending.pop(queue, None)
+        if not timers:
+            return 0
+        shared = self.queues.shared
+        self.count -= len(timers)
+        shared.timers -= len(timers)
+        shared.bytes -= sum(_payload_bytes(packed) for packed in timers.values())
+        return len(timers)  # their heap entries are stale now, skipped when they come up
+
+    def _rebuild_due(self) -> None:
+        self.due = [(*_AT_VERSION.unpack_from(packed), queue, key)
+                    for queue, timers in self.pending.items() for key, packed in timers.items()]
+        heapq.heapify(self.due)
+
+    def replay(self, record) -> None:
+        kind = type(record)
+        if kind is rec.TimerSet:
+            self._apply_set(record.queue, record.key, pack_timer(
+                record.at_ms, record.version, record.scheduled_at_ms, record.partition, record.transaction_id,
+                record.trace_id, record.payload))
+        elif kind is rec.TimerCancel or kind is rec.TimerFired:
+            self._apply_remove(record.queue, record.key)
+        elif kind is rec.PendingTimers:
+            self._apply_pending(record)
+        else:
+            raise ValueError(f"not a timer record: {record!r}")
+
+    def _apply_pending(self, record) -> None:
+        """A snapshot's pending timers of one queue, taken in whole."""
+        lengths, blob = read_int_array("I", record.lengths), record.packed
+        if len(lengths) != len(record.keys) or sum(lengths) != len(blob):
+            raise ValueError(f"a timers record of {len(record.keys)} keys holds {len(lengths)} lengths, {len(blob)} bytes")
+        position = 0
+        for key, length in zip(record.keys, lengths, strict=True):
+            self._apply_set(record.queue, key, blob[position:position + length])
+            position += length
+
+    # ------------------------------------------------------------------------------------------
+    # Snapshots.
+
+    def snapshot_copy(self, queue: str) -> dict:
+        return dict(self.pending.get(queue, {}))
+
+    @staticmethod
+    def snapshot_records(queue: str, timers: dict, out: list) -> None:
+        if timers:
+            out += (43, queue, list(timers), int_array("I", map(len, timers.values())), b"".join(timers.values()))
