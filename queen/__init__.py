@@ -10,7 +10,8 @@ _SDK_NAMES = frozenset((
     "Client", "SyncClient", "Lock", "Semaphore", "SyncLock", "Transaction", "SyncTransaction", "Item", "Current",
     "Page", "WriteResult", "CheckResult", "TxnResult", "Holder", "RunResult", "ClientError", "TransportError",
     "RequestTimeout", "ApiError", "BadRequestError", "UnavailableError", "LockLost", "LockNotAcquired",
-    "Queue", "SyncQueue", "Message", "Delivery", "Push", "PushResult", "AckResult",
+    "Queue", "SyncQueue", "Message", "Delivery", "Push", "PushResult", "AckResult", "Timers", "SyncTimers", "Timer",
+    "TimerResult",
 ))
 
 

@@ -29,7 +29,8 @@ def _flag(field_name: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="queen", description="Queen: durable KV, leased locks with fencing tokens, and partitioned queues, over HTTP.")
+        prog="queen", description="Queen: durable KV, leased locks with fencing tokens, partitioned queues, timers and "
+                                  "transactions, over HTTP.")
     parser.add_argument("--version", action="version", version=f"queen {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser(
@@ -45,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_client_commands(commands) -> None:
-    """`queen kv ...`, `queen lock ...` and `queen run-locked`: the SDK from the shell. Their code is
+    """`queen kv ...`, `queen lock ...`, `queen run-locked`, `queen queue ...` and `queen timer ...`: the
+    SDK from the shell. Their code is
     in queen/client/commands.py, imported only when one of them runs."""
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument("--url", default=None, metavar="URL",
@@ -118,6 +120,7 @@ def _add_client_commands(commands) -> None:
                     "when the lock was lost under it), 75 when somebody else holds the lock, 69 when the broker "
                     "cannot be reached.")
     _add_queue_commands(commands, client)
+    _add_timer_commands(commands, client)
     run_locked.add_argument("name")
     run_locked.add_argument("--ttl", required=True, metavar="DURATION", help="the lease; renewed every third of it")
     run_locked.add_argument("--wait", metavar="DURATION", help="wait up to this long for the lock (default: do not wait)")
@@ -174,6 +177,36 @@ def _add_queue_commands(commands, client) -> None:
     what.add_argument("--purge", action="store_true", help="drop every entry")
 
 
+def _add_timer_commands(commands, client) -> None:
+    timer = commands.add_parser("timer", help="schedule, cancel and inspect timers (messages into a queue later)",
+                                description="A timer is named by QUEUE and KEY; when due, its value is appended to "
+                                            "the queue's partition as a message, exactly once, never early. "
+                                            "Scheduling a KEY again moves it. Exit status: 0 done, 1 not found / "
+                                            "not pending / not scheduled, 65 rejected, 69 unreachable.")
+    actions = timer.add_subparsers(dest="action", metavar="ACTION", required=True)
+    schedule = actions.add_parser("schedule", parents=[client], help="schedule (or move) a timer")
+    schedule.add_argument("queue")
+    schedule.add_argument("key")
+    schedule.add_argument("value", help="the message's payload: JSON, or any other text as a string; - reads stdin")
+    when = schedule.add_mutually_exclusive_group(required=True)
+    when.add_argument("--in", dest="delay", metavar="DURATION", help="fire this long from now: 30s, 15m, 2h, 7d")
+    when.add_argument("--at", metavar="TIME", help="fire at this time: ISO 8601 (2026-12-01T09:00:00Z) or ms since "
+                                                   "the epoch; at most 365 days ahead")
+    schedule.add_argument("--partition", help='default "Default"')
+    schedule.add_argument("--transaction-id", help="the message's transactionId (deduplicated in its partition)")
+    schedule.add_argument("--string", action="store_true", help="take VALUE as a string even if it parses as JSON")
+    for action, helptext in (("cancel", "cancel a pending timer (exit 1 if none was pending: it may have fired)"),
+                             ("get", "show a pending timer, payload included")):
+        sub = actions.add_parser(action, parents=[client], help=helptext)
+        sub.add_argument("queue")
+        sub.add_argument("key")
+    listing = actions.add_parser("list", parents=[client], help="a queue's pending timers in key order (--json: one "
+                                 "object a line)")
+    listing.add_argument("queue")
+    listing.add_argument("--prefix", default="")
+    listing.add_argument("--limit", type=int, metavar="N", help="stop after N timers")
+
+
 def resolve_config(args: argparse.Namespace, environ=os.environ) -> Config:
     values = {}
     for name, kind, _, _, _ in config_fields():
@@ -200,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(resolve_config(args))
-    if args.command in ("kv", "lock", "run-locked", "queue"):
+    if args.command in ("kv", "lock", "run-locked", "queue", "timer"):
         from queen.client.commands import run
 
         args.cmd = cmd

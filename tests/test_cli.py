@@ -237,3 +237,30 @@ def test_queue_commands_configure_push_pop_ack_list_and_dlq(server):
     assert queen(server, "queue", "dlq", "cli-orders", "--requeue").stdout.strip() == "requeued 1"
     assert json.loads(queen(server, "queue", "pop", "cli-orders", "--auto-ack", "--json").stdout)["messages"][0]["offset"] == 0
     assert queen(server, "queue", "push", "queen-reserved", "1").returncode == 65
+
+
+def test_timer_commands_schedule_move_get_list_cancel_and_fire(server):
+    scheduled = queen(server, "timer", "schedule", "cli-timers", "order-42:timeout", '{"orderId": 42}', "--in", "15m",
+                      "--partition", "c-42")
+    assert scheduled.returncode == 0 and scheduled.stdout.startswith("scheduled cli-timers/order-42:timeout at ")
+    moved = queen(server, "timer", "schedule", "cli-timers", "order-42:timeout", '{"orderId": 42}',
+                  "--at", "2099-01-01T00:00:00Z", "--json")
+    assert moved.returncode == 65 and "at_too_far" in moved.stderr  # more than 365 days ahead: refused
+    moved = queen(server, "timer", "schedule", "cli-timers", "order-42:timeout", "later", "--in", "1h", "--json")
+    assert moved.returncode == 0 and json.loads(moved.stdout)["replaced"] is True
+    got = queen(server, "timer", "get", "cli-timers", "order-42:timeout")
+    assert got.returncode == 0 and got.stdout.splitlines()[1] == "later" and "\tpartition Default" in got.stdout
+    queen(server, "timer", "schedule", "cli-timers", "other", "1", "--in", "2h")
+    listed = [json.loads(line) for line in queen(server, "timer", "list", "cli-timers", "--json").stdout.splitlines()]
+    assert [row["key"] for row in listed] == ["order-42:timeout", "other"] and "payload" not in listed[0]
+    assert queen(server, "timer", "list", "cli-timers", "--prefix", "oth").stdout.startswith("other\tat ")
+    assert queen(server, "timer", "cancel", "cli-timers", "other").returncode == 0
+    gone = queen(server, "timer", "cancel", "cli-timers", "other")
+    assert gone.returncode == 1 and "not pending" in gone.stderr
+    assert queen(server, "timer", "get", "cli-timers", "other").returncode == 1
+    assert queen(server, "timer", "schedule", "cli-timers", "k", "1", "--at", "2026-12-01T09:00:00").returncode == 2
+    assert queen(server, "timer", "schedule", "cli-timers", "k", "1").returncode == 2  # --in or --at is required
+    fired = queen(server, "timer", "schedule", "cli-timers", "now", "ding", "--in", "0s", "--partition", "p")
+    assert fired.returncode == 0
+    popped = queen(server, "queue", "pop", "cli-timers", "--partition", "p", "--wait", "5s", "--auto-ack")
+    assert popped.returncode == 0 and popped.stdout.split("\t")[2].strip() == "ding"

@@ -1,5 +1,5 @@
 """The Python SDK: `Client` (async; asyncio and Trio), `SyncClient` (blocking), their lock and
-semaphore handles, KV calls, queues and their consumers, and transactions. The server never imports this package."""
+semaphore handles, KV calls, queues and their consumers, timers, and transactions. The server never imports this package."""
 
 from queen.client.client import DEFAULT_URL, Client
 from queen.client.errors import (
@@ -15,7 +15,8 @@ from queen.client.errors import (
 from queen.client.kv import CheckResult, Current, Item, Page, WriteResult
 from queen.client.locks import Holder, Lock, RunResult, Semaphore
 from queen.client.queues import AckResult, Delivery, Message, Push, PushResult, Queue
-from queen.client.sync import SyncClient, SyncLock, SyncQueue, SyncTransaction
+from queen.client.sync import SyncClient, SyncLock, SyncQueue, SyncTimers, SyncTransaction
+from queen.client.timers import Timer, TimerResult, Timers
 from queen.client.txn import Transaction, TxnResult
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "Item", "Current", "Page", "WriteResult", "CheckResult", "TxnResult", "Holder", "RunResult",
     "ClientError", "TransportError", "RequestTimeout", "ApiError", "BadRequestError", "UnavailableError",
     "LockLost", "LockNotAcquired", "Queue", "SyncQueue", "Message", "Delivery", "Push", "PushResult", "AckResult",
+    "Timers", "SyncTimers", "Timer", "TimerResult",
 ]

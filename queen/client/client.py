@@ -21,6 +21,7 @@ from queen.client._http import Transport
 from queen.client.kv import Kv
 from queen.client.locks import Lock, Locks, Semaphore
 from queen.client.queues import Queue
+from queen.client.timers import Timers
 from queen.client.txn import Transaction
 
 DEFAULT_URL = "http://127.0.0.1:6632"
@@ -41,6 +42,7 @@ class Client:
                                     retries_max=retries_max)
         self.kv = Kv(self._transport)
         self.locks = Locks(self)
+        self.timers = Timers(self._transport)
         self._task_group: anyio.abc.TaskGroup | None = None
         self._held: dict[int, Lock] = {}
 

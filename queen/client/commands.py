@@ -1,5 +1,5 @@
 """The client side of the `queen` command: `queen kv ...`, `queen lock ...`, `queen run-locked`,
-`queen queue ...`.
+`queen queue ...`, `queen timer ...`.
 
 Argument parsing lives in queen/cli.py with `serve`; this module is imported only when a client
 command runs, so the server never loads the SDK.
@@ -448,6 +448,85 @@ async def queue_dlq(args) -> int:
     return EXIT_OK if entries else EXIT_NO
 
 
+# -- timers ------------------------------------------------------------------------------------------
+
+
+def _at(raw: str):
+    if raw.isdigit():
+        return int(raw)
+    try:
+        moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"--at {raw!r}: give an ISO 8601 time (2026-12-01T09:00:00Z) or ms since the epoch") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"--at {raw!r} has no time zone: add Z or an offset, so the time is the one you mean")
+    return moment
+
+
+def _timer_line(timer) -> str:
+    return (f"{timer.key}\tat {_iso(timer.at_ms)}\tpartition {timer.partition}\tversion {timer.version}"
+            + (f"\ttransaction {timer.transaction_id}" if timer.transaction_id else ""))
+
+
+def _timer_json(timer) -> dict:
+    return {"queue": timer.queue, "key": timer.key, "at": timer.at_ms, "partition": timer.partition,
+            "version": timer.version, "scheduledAt": timer.scheduled_at_ms, "transactionId": timer.transaction_id}
+
+
+async def timer_schedule(args) -> int:
+    when = {"at": _at(args.at)} if args.at is not None else {"delay": args.delay}
+    async with _client(args) as client:
+        result = await client.timers.schedule(args.queue, args.key, _value(args), partition=args.partition,
+                                              transaction_id=args.transaction_id, **when)
+    if args.json:
+        _print_json({"scheduled": result.scheduled, "at": result.at_ms, "version": result.version,
+                     "replaced": result.replaced, "reason": result.reason})
+    elif result.scheduled:
+        print(f"{'moved' if result.replaced else 'scheduled'} {args.queue}/{args.key} at {_iso(result.at_ms)} "
+              f"(version {result.version})")
+    else:
+        print(f"queen: not scheduled: {result.reason}", file=sys.stderr)
+    return EXIT_OK if result.scheduled else EXIT_NO
+
+
+async def timer_cancel(args) -> int:
+    async with _client(args) as client:
+        cancelled = await client.timers.cancel(args.queue, args.key)
+    if args.json:
+        _print_json({"cancelled": cancelled})
+    elif cancelled:
+        print(f"cancelled {args.queue}/{args.key}")
+    else:
+        print(f"queen: {args.queue}/{args.key} is not pending (never scheduled, cancelled, or already fired)",
+              file=sys.stderr)
+    return EXIT_OK if cancelled else EXIT_NO
+
+
+async def timer_get(args) -> int:
+    async with _client(args) as client:
+        timer = await client.timers.get(args.queue, args.key)
+    if args.json:
+        _print_json({"found": False} if timer is None else {"found": True, **_timer_json(timer),
+                                                            "payload": timer.payload})
+    elif timer is not None:
+        print(_timer_line(timer))
+        print(_show_value(timer.payload))
+    else:
+        print(f"queen: {args.queue}/{args.key} is not pending", file=sys.stderr)
+    return EXIT_OK if timer is not None else EXIT_NO
+
+
+async def timer_list(args) -> int:
+    shown = 0
+    async with _client(args) as client:
+        async for timer in client.timers.list(args.queue, prefix=args.prefix):
+            if args.limit is not None and shown >= args.limit:
+                break
+            _print_json(_timer_json(timer)) if args.json else print(_timer_line(timer))
+            shown += 1
+    return EXIT_OK
+
+
 _COMMANDS = {
     ("kv", "get"): kv_get, ("kv", "put"): kv_put, ("kv", "delete"): kv_delete, ("kv", "incr"): kv_incr,
     ("kv", "list"): kv_list,
@@ -456,6 +535,8 @@ _COMMANDS = {
     ("run-locked", None): run_locked,
     ("queue", "configure"): queue_configure, ("queue", "push"): queue_push, ("queue", "pop"): queue_pop,
     ("queue", "ack"): queue_ack, ("queue", "list"): queue_list, ("queue", "dlq"): queue_dlq,
+    ("timer", "schedule"): timer_schedule, ("timer", "cancel"): timer_cancel, ("timer", "get"): timer_get,
+    ("timer", "list"): timer_list,
 }
 
 __all__ = ["run", "ClientError"]

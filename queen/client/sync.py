@@ -33,6 +33,7 @@ from queen.client.errors import LockLost, LockNotAcquired
 from queen.client.kv import PAGE_ITEMS_MAX, CheckResult, Item, WriteResult
 from queen.client.locks import Holder, Lock, RunResult
 from queen.client.queues import AckResult, Delivery, Message, PushResult, Queue, _LeaseKeeper
+from queen.client.timers import Timer, TimerResult
 from queen.client.txn import Transaction, TxnResult, _TxnKv
 
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
@@ -56,6 +57,7 @@ class SyncClient:
         self.url = self._client.url
         self.kv = SyncKv(self)
         self.locks = SyncLocks(self)
+        self.timers = SyncTimers(self)
         atexit.register(self.close)  # a script that forgets close() still releases what it holds
 
     def __repr__(self) -> str:
@@ -299,6 +301,8 @@ class SyncLock:
 
 
 class SyncTransaction:
+    """The async Transaction's builder, committed with a blocking call."""
+
     def __init__(self, sync: SyncClient):
         self._sync = sync
         self._txn = Transaction(sync._client._transport)
@@ -312,8 +316,58 @@ class SyncTransaction:
         self._txn.guard(lock._lock)
         return self
 
+    def ack(self, message: Message, status: str = "completed", *, error: str | None = None) -> SyncTransaction:
+        self._txn.ack(message, status, error=error)
+        return self
+
+    def queue(self, name: str) -> _SyncTxnQueue:
+        return _SyncTxnQueue(self, name)
+
+    def timer(self, queue: str, key: str, payload=None, *, at=None, delay=None, partition: str | None = None,
+              transaction_id: str | None = None, trace_id: str | None = None) -> SyncTransaction:
+        self._txn.timer(queue, key, payload, at=at, delay=delay, partition=partition, transaction_id=transaction_id,
+                        trace_id=trace_id)
+        return self
+
+    def cancel_timer(self, queue: str, key: str) -> SyncTransaction:
+        self._txn.cancel_timer(queue, key)
+        return self
+
     def commit(self) -> TxnResult:
         return self._sync._call(self._txn.commit)
+
+
+class _SyncTxnQueue:
+    def __init__(self, txn: SyncTransaction, name: str):
+        self._txn = txn
+        self.name = name
+
+    def push(self, items, *, partition: str | None = None) -> SyncTransaction:
+        self._txn._txn.queue(self.name).push(items, partition=partition)
+        return self._txn
+
+
+class SyncTimers:
+    """`client.timers` of the SyncClient: the same calls as the async one, blocking."""
+
+    def __init__(self, sync: SyncClient):
+        self._sync = sync
+
+    def schedule(self, queue: str, key: str, payload, *, at=None, delay=None, partition: str | None = None,
+                 transaction_id: str | None = None, trace_id: str | None = None) -> TimerResult:
+        return self._sync._call(self._sync._client.timers.schedule, queue, key, payload, at=at, delay=delay,
+                                partition=partition, transaction_id=transaction_id, trace_id=trace_id)
+
+    def cancel(self, queue: str, key: str) -> bool:
+        return self._sync._call(self._sync._client.timers.cancel, queue, key)
+
+    def get(self, queue: str, key: str) -> Timer | None:
+        return self._sync._call(self._sync._client.timers.get, queue, key)
+
+    def list(self, queue: str, *, prefix: str = "", limit: int = 100) -> list[Timer]:
+        async def collect():
+            return [timer async for timer in self._sync._client.timers.list(queue, prefix=prefix, limit=limit)]
+        return self._sync._call(collect)
 
 
 class SyncQueue:

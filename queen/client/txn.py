@@ -1,37 +1,63 @@
-"""Transactions, first form: `client.transaction().guard(lock).kv.put(...).commit()`
-on `POST /api/v1/transaction`, answering `success` and `reason`.
+"""Transactions: one step, all or nothing, in one log entry.
 
-The guards of the locks go first in the `kv` section, read when the transaction is sent (the
-latest token: read lock.token when you send it). A guard that misses means the lock is no
-longer ours: the handle is told (on_lost("guard")) before commit() returns. Operations are indexed
-as you added them, guards not counted.
+    await (client.transaction()
+           .guard(lock)                                   # only while the lock is ours
+           .ack(message)                                  # only while its lease is live
+           .kv.put("orders", "42", {"state": "paid"}, forever=True)
+           .queue("invoices").push([{"orderId": 42}], partition="customer-42")
+           .cancel_timer("orders", "order-42:payment-timeout")
+           .timer("orders", "order-42:review", {"orderId": 42}, delay="1d", partition="customer-42")
+           .commit())
+
+Sections on `POST /api/v1/transaction`: `kv` (the locks' guards first, then your operations),
+`ack`, `push`, `timers`. Every precondition is judged before anything is applied: a guard whose
+lock was taken over, an ack whose lease expired (the consumer was paused and its partition went to
+another), a push beyond capacity. The first miss is the answer (`success` False, `reason`,
+`failed_section`, `failed_index`), and nothing of the step exists. A lost lock is told
+(on_lost("guard")) before commit() returns.
+
+A message acked in a transaction is settled by it whatever the outcome, so a consumer does not ack
+it again: committed, it is done; not committed, it is left for redelivery when its lease ends (or
+call message.fail() to have it back at once). Indexes count your operations per section, guards
+not counted.
 """
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 from queen.client.errors import LockLost
 from queen.client.kv import CheckResult, Current, Item, WriteResult, write_op
 from queen.client.lease import LostReason
+from queen.client.queues import AckResult, Message, Push, PushResult
+from queen.client.timers import TimerResult, schedule_op
 
 READ_OPS = frozenset(("get", "check"))
 
 
 @dataclass(frozen=True, slots=True)
 class TxnResult:
-    """`success`; when it failed, `reason` ("kv_precondition"), and either `failed_lock` (the name
-    of the lock whose guard missed) or `failed_index` (which of your operations missed, with its
-    `failed_reason` and the key's `current`). `results`, on success, one per operation."""
+    """`success`; when it failed, `reason` ("kv_precondition", "lease_lost", "not_delivered",
+    "queue_full", "partition_limit", "storage_full"), `failed_section` and either `failed_lock`
+    (the lock whose guard missed) or `failed_index` (which of your operations of that section
+    missed, with its `failed_reason` and, for KV and acks, `current`). On success, one result per
+    operation: `results` (KV), `acks`, `pushes`, `timers` (TimerResult for a schedule, a bool for a
+    cancel: whether a pending timer was removed)."""
 
     success: bool
     reason: str | None = None
     failed_index: int | None = None
     failed_reason: str | None = None
     failed_lock: str | None = None
-    current: Current | None = None
+    current: object = None
     results: list = field(default_factory=list)
+    failed_section: str | None = None
+    acks: list = field(default_factory=list)
+    pushes: list = field(default_factory=list)
+    timers: list = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return self.success
@@ -63,11 +89,38 @@ class _TxnKv:
         return self._txn._add(write_op("incr", ns, key, ttl=ttl, forever=forever, expect=expect, by=by, max=max, min=min))
 
 
+class _TxnQueue:
+    """`transaction.queue(name)`: pushes into one queue, returning the transaction."""
+
+    def __init__(self, txn, name: str):
+        self._txn = txn
+        self.name = name
+
+    def push(self, items: Iterable, *, partition: str | None = None):
+        """Append each item (a payload, or a `queen.Push`) when the transaction commits. Each
+        gets a transactionId (generated when not given): a duplicate answers "duplicate" and is
+        not a failure."""
+        if isinstance(items, (str, bytes, dict)) or not isinstance(items, Iterable):
+            raise TypeError("push takes a list of items (payloads or queen.Push): .push([payload])")
+        for item in items:
+            if not isinstance(item, Push):
+                item = Push(item, partition)
+            entry = {"queue": self.name, "payload": item.payload, "transactionId": item.transaction_id or uuid.uuid4().hex}
+            if item.partition or partition:
+                entry["partition"] = item.partition or partition
+            if item.trace_id is not None:
+                entry["traceId"] = item.trace_id
+            self._txn._sections["push"].append(entry)
+        return self._txn
+
+
 class Transaction:
     def __init__(self, transport):
         self._transport = transport
-        self._ops: list[dict] = []
+        self._sections: dict[str, list] = {"kv": [], "ack": [], "push": [], "timers": []}
+        self._ops = self._sections["kv"]
         self._locks: list = []
+        self._messages: list[Message] = []
         self.kv = _TxnKv(self)
 
     def _add(self, op: dict) -> Transaction:
@@ -77,6 +130,31 @@ class Transaction:
     def guard(self, lock) -> Transaction:
         """Commit only while `lock` is still ours (its guard is checked in the same log entry)."""
         self._locks.append(lock)
+        return self
+
+    def ack(self, message: Message, status: str = "completed", *, error: str | None = None) -> Transaction:
+        """Settle a delivered message in this step: committed only while the lease that delivered
+        it is live, so a consumer that lost its partition cannot commit."""
+        if message.lease_id is None:
+            raise ValueError("this message came without a lease (auto_ack): there is nothing to ack")
+        self._sections["ack"].append(message.ack_wire(status, error))
+        self._messages.append(message)
+        return self
+
+    def queue(self, name: str) -> _TxnQueue:
+        return _TxnQueue(self, name)
+
+    def timer(self, queue: str, key: str, payload=None, *, at=None, delay=None, partition: str | None = None,
+              transaction_id: str | None = None, trace_id: str | None = None) -> Transaction:
+        """Schedule (or move) the timer (queue, key) in this step: it exists exactly when the step
+        committed."""
+        self._sections["timers"].append(schedule_op(queue, key, payload, at=at, delay=delay, partition=partition,
+                                                    transaction_id=transaction_id, trace_id=trace_id))
+        return self
+
+    def cancel_timer(self, queue: str, key: str) -> Transaction:
+        """Cancel the timer (queue, key) in this step; one not pending is not a failure."""
+        self._sections["timers"].append({"op": "cancel", "queue": queue, "key": key})
         return self
 
     async def commit(self) -> TxnResult:
@@ -90,8 +168,17 @@ class Transaction:
                 if guard is None:
                     raise LockLost(lock.name, lock.lost_reason or "not held")
                 guards.append(guard)
-            safe = all(op["op"] in READ_OPS for op in self._ops)
-            answer = await self._transport.call("POST", "/api/v1/transaction", {"kv": guards + self._ops}, safe=safe)
+            document = {name: ops for name, ops in self._sections.items() if ops}
+            if guards:
+                document["kv"] = guards + self._ops
+            if not document:
+                raise ValueError("an empty transaction: add a guard, an ack, a push, a KV operation or a timer")
+            safe = set(document) == {"kv"} and all(op["op"] in READ_OPS for op in self._ops)
+            try:
+                answer = await self._transport.call("POST", "/api/v1/transaction", document, safe=safe)
+            finally:
+                for message in self._messages:
+                    message.settled = True
             return self._result(answer, len(guards))
 
     def _result(self, answer: dict, guard_count: int) -> TxnResult:
@@ -104,14 +191,20 @@ class Transaction:
                     results.append(CheckResult(wire["applied"], wire.get("version", 0)))
                 else:
                     results.append(WriteResult.from_wire(wire))
-            return TxnResult(True, results=results)
+            timers = [TimerResult.from_wire(w) if w["op"] == "schedule" else w["cancelled"]
+                      for w in answer.get("timers", [])]
+            return TxnResult(True, results=results, acks=[AckResult.from_wire(w) for w in answer.get("ack", [])],
+                             pushes=[PushResult.from_wire(w) for w in answer.get("push", [])], timers=timers)
         failed = answer.get("failed") or {}
+        section = failed.get("section")
         index = failed.get("index")
         current = failed.get("current")
-        current = Current(current.get("value"), current.get("version", 0)) if current else None
-        if failed.get("section") == "kv" and index is not None and index < guard_count:
-            lock = self._locks[index]
-            lock._lose(LostReason.GUARD)
-            return TxnResult(False, answer.get("reason"), None, failed.get("reason"), lock.name, current)
-        return TxnResult(False, answer.get("reason"), None if index is None else index - guard_count,
-                         failed.get("reason"), None, current)
+        if section == "kv":
+            current = Current(current.get("value"), current.get("version", 0)) if current else None
+            if index is not None and index < guard_count:
+                lock = self._locks[index]
+                lock._lose(LostReason.GUARD)
+                return TxnResult(False, answer.get("reason"), None, failed.get("reason"), lock.name, current,
+                                 failed_section="kv")
+            index = None if index is None else index - guard_count
+        return TxnResult(False, answer.get("reason"), index, failed.get("reason"), None, current, failed_section=section)
