@@ -261,7 +261,7 @@ class Growth:
         self.timers = 0
         self.queues: set[str] = set()  # queues the transaction creates
         self.messages: dict[str, int] = {}  # queue -> messages it appends
-        self.partitions: set[tuple] = set()  # (queue, partition) it creates
+        self.partitions: dict[str, set[str]] = {}  # queue -> partitions it creates
         self.ids: set[tuple] = set()  # (queue, partition, producer id) it appends
 
     def new_queue(self, shared: Shared, limits: Limits, name: str, exists: bool) -> bool:
@@ -756,12 +756,12 @@ class QueueTable:
         cost = item.size + _dedupe_cost(tid)
         if self.shared.bytes + growth.bytes + cost > self.limits.queue_bytes_max:
             return "storage_full"
-        if partition is None and (item.queue, item.partition) not in growth.partitions:
+        created = growth.partitions.setdefault(item.queue, set())
+        if partition is None and item.partition not in created:
             existing = len(queue.partitions) if queue is not None else 0
-            created = sum(1 for name, _ in growth.partitions if name == item.queue)
-            if existing + created >= self.limits.partitions_per_queue_max:
+            if existing + len(created) >= self.limits.partitions_per_queue_max:
                 return "partition_limit"
-            growth.partitions.add((item.queue, item.partition))
+            created.add(item.partition)
         growth.messages[item.queue] = added + 1
         growth.bytes += cost
         if tid is not None:
