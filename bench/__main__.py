@@ -16,6 +16,7 @@ error, so a script cannot mistake a broken run for a slow one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import shutil
@@ -45,6 +46,7 @@ from bench.workloads import (
     FAMILY,
     KEYS_TOTAL,
     SYSTEM_ORDER,
+    TIMER_FIRE_RATE,
     WORKLOADS,
     Workload,
     preload_requests,
@@ -53,7 +55,7 @@ from bench.workloads import (
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_WORKLOADS = ("lock-cycle,lock-renew,lock-hot,lock-hot-wait,sem8,sem8-wait,kv-put,kv-get,kv-cas,txn-guarded,"
-                     "queue-push,queue-cycle,queue-peak,queue-latency,baseline-http")
+                     "queue-push,queue-cycle,queue-peak,queue-latency,txn-step,timer-schedule,timer-fire,baseline-http")
 QUICK_WORKLOADS = "lock-cycle,lock-hot-wait,kv-put,kv-cas,txn-guarded,queue-push,queue-cycle"
 PEERS = {"redis": ("redis-aof", "redis-mem"), "etcd": ("etcd",), "postgres": ("postgres",), "nats": ("nats",)}
 # Messages a queue-cycle run starts with, per family: what the fastest run of it measured on a
@@ -61,6 +63,8 @@ PEERS = {"redis": ("redis-aof", "redis-mem"), "etcd": ("etcd",), "postgres": ("p
 # NATS consumer owns a sixteenth of the partitions, so one that finishes its share early would
 # find nothing). A run that drains a queue anyway says so (error "ran_dry"): raise --queue-preload.
 QUEUE_PRELOAD = {"queen": 1_200_000, "redis": 3_000_000, "postgres": 800_000, "nats": 1_000_000}
+# timer-fire: the far-future timers pending while it measures, one run per value.
+TIMER_PENDING = [10_000, 1_000_000]
 
 
 def _int_list(text: str) -> list[int]:
@@ -110,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="messages in the queue when a queue-cycle run starts (default: per system, enough for a "
                              "12 s run at the fastest rate measured on a 2-core VM at 64 per pop, scaled by the run's "
                              "length; 1/8 of that at 1 per pop)")
+    parser.add_argument("--timer-pending", type=_int_list, default=TIMER_PENDING, metavar="LIST",
+                        help="timer-fire: comma list of far-future timers pending in the server while it measures, "
+                             "one run each (default 10000,1000000)")
+    parser.add_argument("--timer-rate", type=int, default=TIMER_FIRE_RATE, metavar="R",
+                        help=f"timer-fire: timers falling due per second (default {TIMER_FIRE_RATE})")
     parser.add_argument("--profile", action="store_true",
                         help="after the clean runs, run each workload again with py-spy on its server and report CPU by layer")
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
@@ -151,17 +160,34 @@ def plan_runs(args, systems: list[str]) -> list[tuple[Workload, str, int, int, b
         names.insert(names.index("queue-latency"), "queue-peak")
     runs = []
     for name in names:
-        workload = WORKLOADS[name]
-        for connections in ([workload.fixed_connections] if workload.fixed_connections else args.connections):
-            for ops in ([workload.fixed_ops] if workload.fixed_ops else args.ops):
-                for system in SYSTEM_ORDER:
-                    if (system == "baseline" or system in systems) and FAMILY[system] in workload.drivers:
-                        if isinstance(workload.drivers[FAMILY[system]], str) and not loader_built():
-                            continue  # said once, in main
-                        runs.append((workload, system, ops, connections, False))
+        if name == "timer-fire":  # one run per pending count, each named after it
+            variants = [dataclasses.replace(WORKLOADS[name], name=f"{name} pending={_count_label(n)}", timer_pending=n)
+                        for n in args.timer_pending]
+        else:
+            variants = [WORKLOADS[name]]
+        for workload in variants:
+            _plan_workload(workload, args, systems, runs)
     if args.profile:  # the profiler reads Python stacks: Queen and the baseline only
         runs += [(w, system, ops, c, True) for w, system, ops, c, _ in list(runs) if system in ("queen", "baseline")]
     return runs
+
+
+def _count_label(n: int) -> str:
+    """10000 -> 10k, 1000000 -> 1M (as written in the report)."""
+    for size, suffix in ((1_000_000, "M"), (1_000, "k")):
+        if n >= size and n % size == 0:
+            return f"{n // size}{suffix}"
+    return str(n)
+
+
+def _plan_workload(workload: Workload, args, systems: list[str], runs: list) -> None:
+    for connections in ([workload.fixed_connections] if workload.fixed_connections else args.connections):
+        for ops in ([workload.fixed_ops] if workload.fixed_ops else args.ops):
+            for system in SYSTEM_ORDER:
+                if (system == "baseline" or system in systems) and FAMILY[system] in workload.drivers:
+                    if isinstance(workload.drivers[FAMILY[system]], str) and not loader_built():
+                        continue  # said once, in main
+                    runs.append((workload, system, ops, connections, False))
 
 
 def _say(text: str) -> None:
@@ -232,6 +258,8 @@ def prepare_queue(args, system: str, server: ServerProcess, workload: Workload, 
         _say(f"  preloading {preload:,} messages into {system}")
     if family == "queen":
         requests = [queue_sessions.queen_configure(HOST, server.port, tag)]
+        if workload.next_queue:
+            requests.append(queue_sessions.queen_configure(HOST, server.port, tag, queue_sessions.next_queue_name(tag)))
         requests += queue_sessions.queen_preload(HOST, server.port, tag, preload)
         for request in requests:
             status, body = server.post(request)
@@ -253,9 +281,11 @@ def drop_queue(system: str, server: ServerProcess, workload: Workload, tag: str)
     if isinstance(workload.drivers[family], str):
         return
     if family == "queen":
-        status, body = server.post(queue_sessions.queen_delete(HOST, server.port, tag))
-        if status != 200:
-            raise RuntimeError(f"deleting the run's queue failed: HTTP {status} {body[:300]!r}")
+        queues = [queue_sessions.queue_name(tag)] + ([queue_sessions.next_queue_name(tag)] if workload.next_queue else [])
+        for queue in queues:
+            status, body = server.post(queue_sessions.queen_delete(HOST, server.port, tag, queue))
+            if status != 200:
+                raise RuntimeError(f"deleting the run's queue {queue} failed: HTTP {status} {body[:300]!r}")
     elif family == "redis":
         redis_call(server.port, queue_sessions.redis_delete(tag))
 
@@ -326,6 +356,9 @@ def measure(args, system: str, server: ServerProcess, workload: Workload, ops: i
         "mib_received_per_s": round(tally.bytes_received / (1 << 20) / (wall_s + warmup_s), 2),
         "cpu": cpu,
         "wal": report.wal_figures(metrics_before, metrics_after, cpu["wall_s"]) if is_queen else None,
+        "timers": (report.timer_figures(metrics_before, metrics_after, cpu["wall_s"])
+                   if is_queen and workload.name.startswith("timer-") else None),
+        "other_histograms": {name: h.summary_us() for name, h in tally.histograms.items()},
         "fsync": report.fsync_figures(system, metrics_before, metrics_after, cpu["wall_s"], disk),
         "durable": system in report.DURABLE_SYSTEMS,
     }
@@ -472,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  "queue-peak run measured no rate")
                         continue
                     loader_args = ("-rate", str(max(1, round(peak / 2))))
+                elif workload.timer_pending:
+                    loader_args = ("-timer-pending", str(workload.timer_pending), "-rate", str(args.timer_rate))
                 try:
                     run = run_one(args, system, server, workload, ops, connections, profiled, out_dir, disk,
                                   loader_args)

@@ -75,6 +75,8 @@ class Tally:
     bytes_received: int = 0
     undrained: int = 0  # requests still unanswered when the drain gave up
     units: dict = field(default_factory=dict)  # what the sessions counted inside the window
+    # Further histograms by name, beside the main one (timer-fire: "delivery_lag"); the Go loader's only.
+    histograms: dict = field(default_factory=dict)
 
     def error(self, kind: str, sample: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -84,12 +86,14 @@ class Tally:
     def to_wire(self) -> dict:
         return {"histogram": self.histogram.to_wire(), "completed": self.completed, "answered": self.answered,
                 "errors": self.errors, "error_samples": self.error_samples,
-                "bytes_received": self.bytes_received, "undrained": self.undrained, "units": self.units}
+                "bytes_received": self.bytes_received, "undrained": self.undrained, "units": self.units,
+                "histograms": {name: h.to_wire() for name, h in self.histograms.items()}}
 
     @classmethod
     def from_wire(cls, wire: dict) -> Tally:
         return cls(Histogram.from_wire(wire["histogram"]), wire["completed"], wire["answered"], wire["errors"],
-                   wire["error_samples"], wire["bytes_received"], wire["undrained"], wire.get("units", {}))
+                   wire["error_samples"], wire["bytes_received"], wire["undrained"], wire.get("units", {}),
+                   {name: Histogram.from_wire(h) for name, h in (wire.get("histograms") or {}).items()})
 
 
 def merge_tallies(tallies: list[Tally]) -> Tally:
@@ -102,6 +106,8 @@ def merge_tallies(tallies: list[Tally]) -> Tally:
         merged.undrained += tally.undrained
         for unit, count in tally.units.items():
             merged.units[unit] = merged.units.get(unit, 0) + count
+        for name, histogram in tally.histograms.items():
+            merged.histograms.setdefault(name, Histogram()).merge(histogram)
         for kind, count in tally.errors.items():
             merged.errors[kind] = merged.errors.get(kind, 0) + count
         merged.error_samples.extend(tally.error_samples[: ERROR_SAMPLES_MAX - len(merged.error_samples)])

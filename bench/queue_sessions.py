@@ -10,8 +10,12 @@ Queen's consumers share the queue through leases (a pop takes the ready partitio
 message is oldest); a Redis consumer owns the partitions p with p % connections == its index, the
 usual way to keep a stream partition's order with XREADGROUP (one reader per stream).
 
-The PostgreSQL and NATS JetStream sides, and queue-latency for every system, are in the Go loader
-(bench/peers/peerload), with the same layout.
+Two workloads build on the queue: txn-step (pop a message, then one transaction that acks it,
+pushes its successor to the run's "next" queue and upserts a KV row) and timer-schedule (timers
+set an hour ahead in the run's queue, so they stay pending until the queue is deleted with them).
+
+The PostgreSQL and NATS JetStream sides, queue-latency for every system, and timer-fire (Queen
+only) are in the Go loader (bench/peers/peerload), with the same layout.
 
 Never: opens a socket on its own (the servers module sends the setup) or hides an error.
 """
@@ -22,7 +26,16 @@ import itertools
 
 import orjson
 
-from bench.sessions import Context, RedisSession, Session, _count, _sample, http_post, resp_command
+from bench.sessions import (
+    Context,
+    RedisSession,
+    Session,
+    _count,
+    _sample,
+    http_post,
+    key_groups,
+    resp_command,
+)
 
 PARTITIONS = 64
 PAYLOAD = {"v": "v" * 32}
@@ -33,10 +46,21 @@ LEASE_SECONDS = 300
 # Room for every message a session pushes (the default maxSize of a queue is a million).
 QUEUE_MAX_SIZE = 100_000_000
 REDIS_GROUP = "g"
+# txn-step: the KV namespace its upserts go to (rows bounded by the key space, as in the KV
+# workloads), and what each step writes there and pushes on.
+TXN_NS = "orders"
+# timer-schedule: far enough ahead that no timer falls due during a run (they go with the queue).
+TIMER_FAR_MS = 3_600_000
+TIMER_PAYLOAD = {"n": 1}
 
 
 def queue_name(tag: str) -> str:
     return f"bq-{tag}"
+
+
+def next_queue_name(tag: str) -> str:
+    """Where txn-step pushes each popped message's successor."""
+    return f"bq-{tag}-next"
 
 
 def partition_name(p: int) -> str:
@@ -65,13 +89,13 @@ def owned_partitions(ctx: Context) -> list[int]:
 # -- Queen ---------------------------------------------------------------------------------------
 
 
-def queen_configure(host: str, port: int, tag: str) -> bytes:
-    body = {"queue": queue_name(tag), "options": {"leaseTimeSeconds": LEASE_SECONDS, "maxSize": QUEUE_MAX_SIZE}}
+def queen_configure(host: str, port: int, tag: str, queue: str | None = None) -> bytes:
+    body = {"queue": queue or queue_name(tag), "options": {"leaseTimeSeconds": LEASE_SECONDS, "maxSize": QUEUE_MAX_SIZE}}
     return http_post(host, port, "/api/v1/configure", orjson.dumps(body))
 
 
-def queen_delete(host: str, port: int, tag: str) -> bytes:
-    return http_request("DELETE", host, port, f"/api/v1/resources/queues/{queue_name(tag)}")
+def queen_delete(host: str, port: int, tag: str, queue: str | None = None) -> bytes:
+    return http_request("DELETE", host, port, f"/api/v1/resources/queues/{queue or queue_name(tag)}")
 
 
 def queen_preload(host: str, port: int, tag: str, messages: int) -> list[bytes]:
@@ -164,6 +188,104 @@ class QueenCycle(Session):
                 for m in doc["messages"]]
         self.expected = len(acks)
         self.next = http_post(self.ctx.host, self.ctx.port, "/api/v1/ack/batch", orjson.dumps({"acknowledgments": acks}))
+
+
+class QueenTxnStep(Session):
+    """A workflow step: pop up to `ops` messages (one partition, under a lease), then ONE
+    transaction that acks them (by transactionId), pushes each one's successor to the next queue
+    (same partition, producer id = the popped id + "-next", so a retried step is deduplicated)
+    and upserts one KV row per message (`forever`: no TTL). Counts steps (messages carried
+    through); a transaction answering success:false (lease_lost, ...) is an error, and so is an
+    empty pop (the preload ran out)."""
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        self.pop = http_get(ctx.host, ctx.port, f"/api/v1/pop/queue/{queue_name(ctx.tag)}?batch={ctx.ops}")
+        self.next_queue = next_queue_name(ctx.tag)
+        self.key_groups = key_groups(ctx, 64)
+        self.position = 0
+        self.next: bytes | None = None  # the transaction when one is due
+        self.expected = 0
+
+    def reset(self) -> None:
+        self.next = None  # what was popped comes back when its lease ends
+
+    def owes_release(self) -> bool:
+        return self.next is not None
+
+    def request(self) -> bytes:
+        return self.pop if self.next is None else self.next
+
+    def answer(self, status, body, tally, counting) -> None:
+        if status != 200:
+            tally.error(f"http_{status}", _sample(body))
+            self.next = None
+            return
+        if self.next is None:
+            self._popped(body, tally, counting)
+            return
+        if not bytes(body).startswith(b'{"success":true'):
+            tally.error("txn_failed", _sample(body))
+        elif counting:
+            _count(tally, "steps", self.expected)
+        self.next = None
+
+    def _popped(self, body, tally, counting) -> None:
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            tally.error("bad_body", _sample(body))
+            return
+        if not doc.get("success"):
+            if counting:
+                _count(tally, "empty", 1)
+            tally.error("ran_dry", f"pop answered {doc.get('reason')!r}: the preload ran out; raise --queue-preload")
+            return
+        partition_id, lease_id, messages = doc["partitionId"], doc["leaseId"], doc["messages"]
+        keys = self.key_groups[self.position]
+        self.position = (self.position + 1) % len(self.key_groups)
+        txn = {
+            "ack": [{"partitionId": partition_id, "leaseId": lease_id, "transactionId": m["transactionId"]}
+                    for m in messages],
+            "push": [{"queue": self.next_queue, "partition": m["partition"], "transactionId": f"{m['transactionId']}-next",
+                      "payload": {"step": 2, "from": m["transactionId"]}} for m in messages],
+            "kv": [{"op": "put", "ns": TXN_NS, "key": key, "value": {"step": 2, "from": m["transactionId"]},
+                    "forever": True} for key, m in zip(keys, messages, strict=False)],
+        }
+        self.expected = len(messages)
+        self.next = http_post(self.ctx.host, self.ctx.port, "/api/v1/transaction", orjson.dumps(txn))
+
+
+class QueenTimerSchedule(Session):
+    """Schedule `ops` timers per request in the run's queue, each under a key no request repeats,
+    an hour ahead, spread over the partitions: pending timers grow for the whole run (deleting the
+    queue afterwards drops them). Counts timers whose answer says scheduled:true and not replaced."""
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        self.queue = queue_name(ctx.tag)
+        self.partitions = [partition_name(p) for p in range(PARTITIONS)]
+        self.prefix = f"{ctx.tag}-{ctx.connection}-"
+        self.sent = itertools.count()
+
+    def request(self) -> bytes:
+        ctx, n = self.ctx, next(self.sent)
+        first = ctx.connection + n * ctx.ops
+        ops = [{"op": "schedule", "queue": self.queue, "key": f"{self.prefix}{n}-{i}",
+                "partition": self.partitions[(first + i) % PARTITIONS], "delayMs": TIMER_FAR_MS,
+                "payload": TIMER_PAYLOAD} for i in range(ctx.ops)]
+        return http_post(ctx.host, ctx.port, "/api/v1/timers", orjson.dumps({"operations": ops}))
+
+    def answer(self, status, body, tally, counting) -> None:
+        if status != 200:
+            tally.error(f"http_{status}", _sample(body))
+            return
+        raw = bytes(body)
+        scheduled = raw.count(b'"scheduled":true')
+        if scheduled != self.ctx.ops or b'"replaced":true' in raw:
+            tally.error("not_scheduled", _sample(body))
+        if counting:
+            _count(tally, "timers", scheduled)
 
 
 # -- Redis Streams -------------------------------------------------------------------------------

@@ -52,6 +52,12 @@ LOCK_GOALS = (
 QUEUE_PUSH_TARGET = 100_000
 QUEUE_OVER_POSTGRES = 2.0
 QUEUE_P99_TARGET_US = 10_000
+# The transaction and timer targets: a workflow step (pop, then one transaction of ack + push + KV
+# upsert) at 3x PostgreSQL's same step in one SQL transaction; and timers firing on time with a
+# million of them pending (lateness = the fired message's createdAt - the timer's at, server clock).
+TXN_OVER_POSTGRES = 3.0
+TIMER_P99_TARGET_US = 60_000
+TIMER_GOAL_WORKLOAD = "timer-fire pending=1M"
 
 # Systems that answer a write only after an fsync covers it.
 DURABLE_SYSTEMS = frozenset(("queen", "redis-aof", "etcd", "postgres"))
@@ -117,6 +123,27 @@ def wal_figures(before: dict, after: dict, wall_s: float) -> dict | None:
     }
 
 
+def timer_figures(before: dict, after: dict, wall_s: float) -> dict | None:
+    """Queen's own view of its timers over the window, from /metrics: the cross-check of what
+    the loader measured. The max is the server's since it started, not the window's."""
+    if not before or not after or "queen_timers_fired_total" not in after:
+        return None
+
+    def delta(name):
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    fired = delta("queen_timers_fired_total")
+    late_count = delta("queen_timer_fire_late_seconds_count")
+    return {
+        "pending_at_start": int(before.get("queen_timers_pending", 0)),
+        "pending_at_end": int(after.get("queen_timers_pending", 0)),
+        "fired_per_s": round(fired / wall_s, 1),
+        "late_ms_mean": round(1000 * delta("queen_timer_fire_late_seconds_sum") / late_count, 2) if late_count else None,
+        "late_ms_max_since_start": round(1000 * after.get("queen_timer_fire_late_seconds_max", 0.0), 1),
+        "fire_duplicates": int(delta("queen_timer_fire_duplicates_total")),
+    }
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2
@@ -176,7 +203,8 @@ def derive(document: dict) -> None:
             row["ceiling_ratio"] = round(row["requests_per_s"] / ceiling, 3)
     document["summary"] = summary
     document["comparison"] = comparison(summary)
-    document["goals"] = lock_goals(summary, document.get("systems", [])) + queue_goals(summary, document.get("systems", []))
+    systems = document.get("systems", [])
+    document["goals"] = lock_goals(summary, systems) + queue_goals(summary, systems) + txn_timer_goals(summary, systems)
 
 
 def comparison(summary: list[dict]) -> list[dict]:
@@ -269,6 +297,76 @@ def queue_goals(summary: list[dict], systems: list[str]) -> list[dict]:
     return verdicts
 
 
+def txn_timer_goals(summary: list[dict], systems: list[str]) -> list[dict]:
+    def rows(system, workload, ops=None):
+        return [row for row in summary if row["system"] == system and row["workload"] == workload
+                and (ops is None or row["ops"] == ops)]
+
+    verdicts = []
+    for ops in sorted({row["ops"] for row in rows("queen", "txn-step")}) or [1]:
+        verdict = {"area": "transactions", "peer": "postgres", "at_least": TXN_OVER_POSTGRES,
+                   "goal": f"txn-step, {ops} message(s)/pop: Queen ≥ {TXN_OVER_POSTGRES:g}× PostgreSQL's step in one "
+                           "SQL transaction (pop + ack + push + KV upsert)"}
+        verdicts.append(_ratio_verdict(verdict, rows("queen", "txn-step", ops), rows("postgres", "txn-step", ops),
+                                       TXN_OVER_POSTGRES, systems, "steps/s"))
+    fire = rows("queen", TIMER_GOAL_WORKLOAD)
+    verdict = {"area": "timers", "peer": None,
+               "goal": f"{TIMER_GOAL_WORKLOAD}: fire lateness p99 ≤ {TIMER_P99_TARGET_US / 1000:g} ms with a million "
+                       "timers pending"}
+    if fire:
+        row = fire[0]
+        verdicts.append(dict(verdict, queen=row["p99_us"], met=bool(row["p99_us"] <= TIMER_P99_TARGET_US and not row["errors"]),
+                             text=f"lateness p50 {_ms(row['p50_us'])} ms, p99 {_ms(row['p99_us'])} ms, p99.9 "
+                                  f"{_ms(row['p99_9_us'])} ms at {_num(row['rate_per_s'])} fires/s"))
+    else:
+        verdicts.append(dict(verdict, met=None, why="not measured in this run"))
+    return verdicts
+
+
+def _timer_section(document: dict) -> list[str]:
+    """timer-fire's lateness and delivery lag with Queen's own metrics beside them, and what
+    timer-schedule left pending. No peer has timers, so these are Queen's alone."""
+    fire = [run for run in document["runs"] if run["workload"].startswith("timer-fire") and not run.get("profiled")]
+    schedule = [run for run in document["runs"] if run["workload"] == "timer-schedule" and not run.get("profiled")]
+    if not fire and not schedule:
+        return []
+    lines = ["## Timers (Queen only: Redis, etcd, PostgreSQL and NATS have no durable timers to compare with)", ""]
+    if fire:
+        lines += ["timer-fire: lateness = the fired message's `createdAt` − the timer's `at` (both the server's clock), "
+                  "per timer delivered in the window; its p50/p99 are the \"p50 ms / p99 ms\" of the run tables. "
+                  "Delivery lag = the pop answer's arrival (loader's wall clock) − `at`. Metrics: Queen's "
+                  "/metrics over the same window (mean from `queen_timer_fire_late_seconds_sum/_count`; its max is "
+                  "since the server started, so it carries earlier runs).", "",
+                  "| run | pending at start / end | fires/s | scheduled/s | lateness p50 / p99 / p99.9 / max ms "
+                  "| delivery lag p50 / p99 / max ms | metrics: fired/s, mean late ms, max late ms | server CPU | errors |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for run in fire:
+            latency, lag = run["latency"], run.get("other_histograms", {}).get("delivery_lag") or {}
+            timers = run.get("timers") or {}
+            errors = sum(run["errors"].values()) + run["undrained"]
+            lines.append(
+                f"| {run['workload']} | {_num(timers.get('pending_at_start'))} / {_num(timers.get('pending_at_end'))} "
+                f"| {_num(run['rate_per_s'])} | {_num(run['units_per_s'].get('scheduled'))} "
+                f"| {_ms(latency['p50_us'])} / {_ms(latency['p99_us'])} / {_ms(latency['p99_9_us'])} / {_ms(latency['max_us'])} "
+                f"| {_ms(lag.get('p50_us'))} / {_ms(lag.get('p99_us'))} / {_ms(lag.get('max_us'))} "
+                f"| {_num(timers.get('fired_per_s'))}, {_num(timers.get('late_ms_mean'), 2)}, "
+                f"{_num(timers.get('late_ms_max_since_start'), 1)} "
+                f"| {run['cpu']['processes_pct_of_core'].get('server', 0):.0f}% | {'**' + str(errors) + '**' if errors else 0} |")
+        lines.append("")
+    if schedule:
+        lines += ["timer-schedule: timers an hour ahead, new keys only; pending at the window's start and end "
+                  "(the run's queue is deleted afterwards, with its timers).", "",
+                  "| ops | conns | timers/s | req/s | p50 / p99 ms | pending at start / end |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for run in schedule:
+            timers = run.get("timers") or {}
+            lines.append(f"| {run['ops']} | {run['connections']} | {_num(run['rate_per_s'])} | {_num(run['requests_per_s'])} "
+                         f"| {_ms(run['latency']['p50_us'])} / {_ms(run['latency']['p99_us'])} "
+                         f"| {_num(timers.get('pending_at_start'))} / {_num(timers.get('pending_at_end'))} |")
+        lines.append("")
+    return lines
+
+
 def _ms(value_us):
     return "–" if value_us is None else f"{value_us / 1000:.2f}"
 
@@ -351,6 +449,7 @@ def markdown(document: dict) -> str:
             mark = {True: "MET", False: "NOT MET", None: "?"}[verdict["met"]]
             lines.append(f"- {mark}: {verdict['goal']}: {verdict.get('text') or verdict.get('why')}")
         lines.append("")
+    lines += _timer_section(document)
     lines += ["## Every run", "",
               "Rates are per second over the measured window; \"also\" lists the workload's other counters "
               "(acquired = grants, i.e. hand-overs on a contended lock; answers = acquire answers). "

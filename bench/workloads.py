@@ -44,6 +44,10 @@ SYSTEM_ORDER = ("queen", "baseline", "redis-aof", "redis-mem", "etcd", "postgres
 QUEUE_CONSUMERS = 16
 # The pop batch of a queue-latency consumer: it takes what has arrived, up to this many.
 LATENCY_POP_BATCH = 64
+# timer-fire: timers per schedule request (and the consumers' pop batch), and how many timers fall
+# due per second when --timer-rate does not say.
+TIMER_FIRE_BATCH = 64
+TIMER_FIRE_RATE = 5000
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,10 @@ class Workload:
     # The -ops the Go loader is given instead of the run's ops (queue-latency: its pop batch, while
     # every push carries one message).
     loader_ops: int | None = None
+    next_queue: bool = False  # ... and a second queue it pushes into (txn-step), made and deleted alike
+    # timer-fire: the far-future timers pending in the server while the run measures; one run per
+    # --timer-pending value, named after it ("timer-fire pending=1M"). 0 for every other workload.
+    timer_pending: int = 0
 
     @property
     def target(self) -> str:  # the system of a single-system workload (the baseline)
@@ -173,6 +181,24 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              {"queen": "queue-latency", "redis": "queue-latency", "postgres": "queue-latency", "nats": "queue-latency"},
              fixed_ops=1, fixed_connections=QUEUE_CONSUMERS, queue=True, loader_ops=LATENCY_POP_BATCH,
              extra_units=("pushed", "redelivered")),
+    Workload("txn-step", "steps",
+             f"{QUEUE_CONSUMERS} consumers over {q.PARTITIONS} preloaded partitions: pop up to `ops` messages, then ONE "
+             "transaction that acks them, pushes each one's successor to a second queue and upserts a KV row per "
+             "message (PostgreSQL: BEGIN; SELECT .. FOR UPDATE SKIP LOCKED; INSERT the successors; INSERT .. ON "
+             "CONFLICT DO UPDATE the KV rows; DELETE the popped rows; COMMIT)",
+             {"queen": q.QueenTxnStep, "postgres": "txn-step"},
+             fixed_connections=QUEUE_CONSUMERS, queue=True, preload_queue=True, next_queue=True, extra_units=("empty",)),
+    Workload("timer-schedule", "timers",
+             "schedule `ops` timers per request an hour ahead, every key new, spread over the partitions: pending "
+             "timers grow for the whole run (Queen only: no peer has durable timers)",
+             {"queen": q.QueenTimerSchedule}, queue=True),
+    Workload("timer-fire", "fires",
+             f"far-future timers pending (--timer-pending) while paced producers schedule timers "
+             f"{TIMER_FIRE_BATCH} per request, 200-1000 ms ahead, so --timer-rate fall due per second; "
+             f"{QUEUE_CONSUMERS} consumers long-poll the queue they fire into. Histogram = fire lateness "
+             "(message createdAt - the timer's at, both the server's clock), in ms (Go loader; Queen only)",
+             {"queen": "timer-fire"}, fixed_ops=TIMER_FIRE_BATCH, fixed_connections=QUEUE_CONSUMERS, queue=True,
+             extra_units=("scheduled", "redelivered")),
 )}
 
 

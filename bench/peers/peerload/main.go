@@ -13,10 +13,13 @@
 // and at the end prints one JSON document in the shape of the Python generator's Tally (histogram
 // buckets in the layout of bench/histogram.py, so the two merge and print alike).
 //
-// Two shapes of run. Closed loop (every workload but queue-latency): each client keeps exactly one
-// request outstanding, and the histogram holds request latencies. queue-latency (queue.go):
-// producers and consumers, and the histogram holds each message's push-to-delivery latency.
-// Each system lives in its own file: etcd.go, postgres.go, nats.go, queen.go, redis.go.
+// Three shapes of run. Closed loop (every workload but queue-latency and timer-fire): each client
+// keeps exactly one request outstanding, and the histogram holds request latencies. queue-latency
+// (queue.go): producers and consumers, and the histogram holds each message's push-to-delivery
+// latency. timer-fire (timer.go, Queen only): paced producers schedule timers, consumers take
+// what they fire, and the histogram holds each timer's fire lateness.
+// Each system lives in its own file: etcd.go, postgres.go (txn-step in txnstep.go), nats.go,
+// queen.go (timer-fire in timer.go), redis.go.
 package main
 
 import (
@@ -50,9 +53,9 @@ const (
 // Workloads per system, in the order -help lists them.
 var workloads = map[string][]string{
 	"etcd":     {"lock-cycle", "lock-renew", "lock-hot", "sem8", "kv-put", "kv-get", "kv-cas", "txn-guarded"},
-	"postgres": {"queue-push", "queue-cycle", queueLatency},
+	"postgres": {"queue-push", "queue-cycle", queueLatency, txnStep},
 	"nats":     {"queue-push", "queue-cycle", queueLatency},
-	"queen":    {queueLatency},
+	"queen":    {queueLatency, timerFire},
 	"redis":    {queueLatency},
 }
 
@@ -83,11 +86,24 @@ type tally struct {
 	samples    []string
 	units      map[string]int64 // counted inside the window
 	pending    map[string]int64 // counted by the last step, not yet placed in or out of the window
+	// Further histograms by name beside the main one (timer-fire: delivery lag); only their
+	// buckets are used.
+	hists map[string]*tally
 }
 
 func newTally() *tally {
 	return &tally{counts: make([]int64, buckets), min: -1, errors: map[string]int64{}, units: map[string]int64{},
-		pending: map[string]int64{}}
+		pending: map[string]int64{}, hists: map[string]*tally{}}
+}
+
+// hist: the named further histogram, made on first use.
+func (t *tally) hist(name string) *tally {
+	h, ok := t.hists[name]
+	if !ok {
+		h = newTally()
+		t.hists[name] = h
+	}
+	return h
 }
 
 func (t *tally) record(ns int64) {
@@ -147,6 +163,9 @@ func (t *tally) merge(o *tally) {
 	for k, v := range o.units {
 		t.units[k] += v
 	}
+	for name, h := range o.hists {
+		t.hist(name).merge(h)
+	}
 }
 
 // failure is an answer the system gave that is not what was asked (a duplicate, a lost ack), where
@@ -159,6 +178,7 @@ type config struct {
 	system, endpoint, workload, tag string
 	ops, connections, keys          int
 	partitions, queuePreload        int
+	timerPending                    int     // timer-fire: far-future timers pending while it measures
 	rate                            float64 // queue-latency: messages per second over all producers; 0 = closed loop
 	warmup, duration                time.Duration
 	leaseTTL                        int64
@@ -315,26 +335,38 @@ type output struct {
 	Bytes        int64                  `json:"bytes_received"`
 	Undrained    int64                  `json:"undrained"`
 	Units        map[string]int64       `json:"units"`
+	Histograms   map[string]interface{} `json:"histograms,omitempty"`
 	WindowMs     [2]int64               `json:"window_ms"` // the warm-up and window used, checked by the caller
 }
 
-func emit(cfg config, merged *tally, undrained int64) {
+// wireHistogram: a tally's buckets in the shape of bench/histogram.py's to_wire.
+func wireHistogram(t *tally) map[string]interface{} {
 	hist := map[string]int64{}
-	for i, c := range merged.counts {
+	for i, c := range t.counts {
 		if c != 0 {
 			hist[fmt.Sprint(i)] = c
 		}
 	}
 	var min, max interface{}
-	if merged.total > 0 {
-		min, max = merged.min, merged.max
+	if t.total > 0 {
+		min, max = t.min, t.max
 	}
+	return map[string]interface{}{"buckets": hist, "total": t.total, "min": min, "max": max, "sum": t.sum,
+		"sub_bits": subBits}
+}
+
+func emit(cfg config, merged *tally, undrained int64) {
 	out := output{
-		Histogram: map[string]interface{}{"buckets": hist, "total": merged.total, "min": min, "max": max,
-			"sum": merged.sum, "sub_bits": subBits},
+		Histogram: wireHistogram(merged),
 		Completed: merged.completed, Answered: merged.answered, Errors: merged.errors,
 		ErrorSamples: merged.samples, Undrained: undrained, Units: merged.units,
 		WindowMs: [2]int64{cfg.warmup.Milliseconds(), cfg.duration.Milliseconds()},
+	}
+	if len(merged.hists) > 0 {
+		out.Histograms = map[string]interface{}{}
+		for name, h := range merged.hists {
+			out.Histograms[name] = wireHistogram(h)
+		}
 	}
 	if out.ErrorSamples == nil {
 		out.ErrorSamples = []string{}
@@ -383,7 +415,10 @@ func parseFlags() (cfg config, doPreload bool) {
 	flag.IntVar(&cfg.keys, "keys", 10000, "distinct KV keys (etcd)")
 	flag.IntVar(&cfg.partitions, "partitions", 64, "queue partitions")
 	flag.IntVar(&cfg.queuePreload, "queue-preload", 0, "messages put in the queue before the run (queue-cycle)")
-	flag.Float64Var(&cfg.rate, "rate", 0, "queue-latency: messages per second over all producers; 0 = closed loop")
+	flag.Float64Var(&cfg.rate, "rate", 0, "queue-latency: messages per second over all producers; 0 = closed loop; "+
+		"timer-fire: timers falling due per second (0: 5000)")
+	flag.IntVar(&cfg.timerPending, "timer-pending", 10000, "timer-fire: far-future timers scheduled before the run, "+
+		"pending while it measures")
 	flag.IntVar(&warmupMs, "warmup-ms", 2000, "warm-up before measuring (stdin may say otherwise)")
 	flag.IntVar(&durationMs, "duration-ms", 10000, "measured window (stdin may say otherwise)")
 	flag.BoolVar(&doPreload, "preload", false, "etcd: write every key once, then exit")
@@ -416,11 +451,17 @@ func validate(cfg config, doPreload bool) error {
 	if !contains(supported, cfg.workload) {
 		return fmt.Errorf("%s has no workload %q (it has %s)", cfg.system, cfg.workload, strings.Join(supported, ", "))
 	}
-	if cfg.ops < 1 || cfg.connections < 1 || cfg.partitions < 1 || cfg.queuePreload < 0 || cfg.rate < 0 {
-		return fmt.Errorf("-ops, -connections and -partitions must be positive, -queue-preload and -rate not negative")
+	if cfg.ops < 1 || cfg.connections < 1 || cfg.partitions < 1 || cfg.queuePreload < 0 || cfg.rate < 0 ||
+		cfg.timerPending < 0 {
+		return fmt.Errorf("-ops, -connections and -partitions must be positive, -queue-preload, -rate and " +
+			"-timer-pending not negative")
+	}
+	if cfg.workload == timerFire && cfg.ops > timerOpsMax {
+		return fmt.Errorf("timer-fire schedules at most %d timers per request", timerOpsMax)
 	}
 	// A consumer owns the partitions p with p % connections == its index: each must own one.
-	if (cfg.workload == "queue-cycle" || cfg.workload == queueLatency) && cfg.connections > cfg.partitions {
+	if (cfg.workload == "queue-cycle" || cfg.workload == queueLatency || cfg.workload == txnStep) &&
+		cfg.connections > cfg.partitions {
 		return fmt.Errorf("%d consumers over %d partitions: each consumer must own a partition at least",
 			cfg.connections, cfg.partitions)
 	}
@@ -430,6 +471,9 @@ func validate(cfg config, doPreload bool) error {
 func connectClients(cfg config, tgt target) (clients, error) {
 	if cfg.workload == queueLatency {
 		return connectQueue(cfg, tgt.(queueTarget))
+	}
+	if cfg.workload == timerFire {
+		return connectTimers(cfg, tgt.(*queenTarget))
 	}
 	return connectClosed(cfg, tgt.(closedTarget))
 }

@@ -50,6 +50,9 @@ func (p *pgTarget) schema() []string {
 			"lease_until timestamptz, UNIQUE (partition, transaction_id))",
 		"CREATE INDEX ON " + p.table + " (partition, id)",
 	}
+	if p.cfg.workload == txnStep {
+		statements = append(statements, p.stepSchema()...)
+	}
 	if p.cfg.workload == queueLatency {
 		// An inserted row wakes only the consumer that owns its partition (one channel each): a
 		// single channel woke all 16 on every insert, and PostgreSQL then peaked at ~900 rows/s.
@@ -74,7 +77,7 @@ func (p *pgTarget) prepare(ctx context.Context) error {
 			return err
 		}
 	}
-	if p.cfg.workload == "queue-cycle" {
+	if p.cfg.workload == "queue-cycle" || p.cfg.workload == txnStep {
 		return p.preload(ctx, conn)
 	}
 	return nil
@@ -86,7 +89,7 @@ func (p *pgTarget) teardown(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "DROP TABLE IF EXISTS "+p.table); err != nil {
+	if _, err := conn.Exec(ctx, "DROP TABLE IF EXISTS "+p.table+", "+p.nextTable()+", "+p.kvTable()); err != nil {
 		return err
 	}
 	_, err = conn.Exec(ctx, "DROP FUNCTION IF EXISTS "+p.notifier()+"()")
@@ -138,6 +141,9 @@ func (p *pgTarget) session(ctx context.Context, index int) (session, error) {
 	}
 	if p.cfg.workload == "queue-push" {
 		return &pgPush{target: p, conn: conn, index: index}, nil
+	}
+	if p.cfg.workload == txnStep {
+		return p.stepper(conn, index), nil
 	}
 	return &pgCycle{pgLeaser: p.leaser(conn, index)}, nil
 }

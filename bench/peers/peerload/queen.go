@@ -1,5 +1,5 @@
-// Queen, for queue-latency only (the Python generator drives its other workloads): its HTTP/1.1
-// queue API through net/http. Every producer and consumer has its own http.Client with its own
+// Queen, for queue-latency and timer-fire only (the Python generator drives its other workloads):
+// its HTTP/1.1 queue API through net/http. Every producer and consumer has its own http.Client with its own
 // Transport holding one keep-alive connection, so one client is one connection, as elsewhere.
 package main
 
@@ -20,12 +20,17 @@ const queenParkMs = 1000
 
 type queenTarget struct {
 	cfg   config
-	queue string // lq-<tag>
+	queue string // lq-<tag>; timer-fire: tq-<tag>, where the timers fire
+	far   string // timer-fire: tfar-<tag>, holding the far-future timers; "" otherwise
 	base  string // http://<endpoint>/api/v1
 }
 
 func newQueen(cfg config) *queenTarget {
-	return &queenTarget{cfg: cfg, queue: "lq-" + queueName(cfg.tag), base: "http://" + cfg.endpoint + "/api/v1"}
+	q := &queenTarget{cfg: cfg, queue: "lq-" + queueName(cfg.tag), base: "http://" + cfg.endpoint + "/api/v1"}
+	if cfg.workload == timerFire {
+		q.queue, q.far = "tq-"+queueName(cfg.tag), "tfar-"+queueName(cfg.tag)
+	}
+	return q
 }
 
 // queenClient: one keep-alive connection to Queen.
@@ -91,14 +96,26 @@ func (q *queenTarget) prepare(ctx context.Context) error {
 	if !answer.Configured {
 		return fmt.Errorf("queue %s not configured", q.queue)
 	}
+	if q.far != "" {
+		return q.preloadTimers(ctx)
+	}
 	return nil
 }
 
+// teardown deletes the run's queue (and timer-fire's far queue: its pending timers go with it).
 func (q *queenTarget) teardown(ctx context.Context) error {
 	c := q.client()
 	defer c.close()
-	var answer interface{}
-	return c.call(ctx, http.MethodDelete, "/resources/queues/"+url.PathEscape(q.queue), nil, &answer)
+	for _, queue := range []string{q.queue, q.far} {
+		if queue == "" {
+			continue
+		}
+		var answer interface{}
+		if err := c.call(ctx, http.MethodDelete, "/resources/queues/"+url.PathEscape(queue), nil, &answer); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (q *queenTarget) producer(ctx context.Context, index int) (producer, error) {
