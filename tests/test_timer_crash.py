@@ -22,9 +22,9 @@ drained, to name each acked and each pushed message.
 
 The seeds fix every choice of the tests; thread timing still varies, which is the point.
 
-A third test, marked xfail (strict), pins a bug these runs found in the queues, not the timers: after
-recovery from a snapshot, a pop over several partitions can give the same messages twice in one
-answer. The timer test tolerates it (it acks each message once) and counts it.
+A third test keeps a bug these runs found in the queues fixed: after recovery from a snapshot, a
+pop over several partitions gave the same messages twice in one answer (the partition was in its
+group's ready heap twice). The timer test also asserts no answer repeats a message.
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ import os
 import random
 import threading
 import time
-
-import pytest
 
 from queen.testing import ServerProcess
 
@@ -87,7 +85,7 @@ class TimerHistory:
         self.deliveries: dict[str, list[dict]] = {}
         self.unknown_keys: list = []
         self.window_moves = self.window_cancels = self.uncertain = 0
-        self.repeated_in_answer = 0  # a message twice in one pop's answer: see the xfail test at the end
+        self.repeated_in_answer = 0  # a message twice in one pop's answer: never (see the last test)
         self.answers = 0  # pops that gave messages while the kills went on
         self.unacked: dict[str, int] = {}  # key -> deliveries of its message never acked
 
@@ -333,6 +331,7 @@ def test_timers_fire_exactly_once_and_never_early_across_sigkills_around_their_d
           f"{len(history.deliveries)} delivered in {deliveries} deliveries, {kills} SIGKILLs ({in_window} "
           f"within the due window), {history.repeated_in_answer} repeated within one answer; problems {len(problems)}")
     assert not problems, problems[:20]
+    assert history.repeated_in_answer == 0
     assert pending == {"items": [], "cursor": None} and after_restart == pending, (pending, after_restart)
     # Restarts take longer on a loaded machine, so the last kills may come after the last timer.
     assert kills == TIMER_KILLS and in_window >= TIMER_KILLS // 2, (kill_moments, due[0], due[-1])
@@ -459,12 +458,9 @@ def test_a_transaction_of_kv_ack_push_and_timers_is_all_or_nothing_at_every_kill
     assert unknown >= TXN_KILLS - 2 and sent > 10 * TXN_KILLS
 
 
-# -- a known bug ----------------------------------------------------------------------------------
+# -- a bug these runs found ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="queue recovery from a snapshot puts a partition in its group's ready "
-                   "heap twice (replaying the group join requeues it, then the group-partition record requeues it "
-                   "again), so a pop over several partitions takes the same messages twice in one answer")
 def test_a_pop_after_recovery_from_a_snapshot_gives_each_message_once(tmp_path):
     server = ServerProcess(str(tmp_path / "data"), "--snapshot-wal-bytes", "4096").start()
     try:

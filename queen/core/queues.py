@@ -1514,7 +1514,9 @@ class QueueTable:
         state.retries = {retries[i]: retries[i + 1] for i in range(0, len(retries), 2)}
         dlq = record.dlq
         state.dlq = {dlq[i]: (dlq[i + 1], dlq[i + 2]) for i in range(0, len(dlq), 3)}
-        state.in_heap = False
+        # The group's join already put the partition in its ready heap when it had a head; that
+        # entry stays (its key is corrected when it comes up). A second entry would let one pop
+        # take the partition twice.
         self._requeue(queue, queue.groups[record.group], partition, state)
 
     def snapshot_copy(self):

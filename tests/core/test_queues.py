@@ -332,6 +332,20 @@ def test_a_snapshot_rebuilds_the_same_queues():
                                     Limits()), q.now, [])[0]["status"] == "duplicate"
 
 
+def test_a_snapshot_restores_each_ready_partition_once():
+    """The group's join puts a partition in its ready heap, and so did the snapshot's group state
+    after it: one pop over several partitions then took the same messages twice."""
+    q = Queues()
+    q.push(0, 1, 2, partition="a")
+    q.pop(partition="b")  # the group joins; partition a is untouched
+    copy = State(1, T0)
+    for record in rec.decode(q.state.snapshot_capture()()["queues"]):
+        copy.replay(record)
+    answer = wire(copy.shards[0].queues.pop(parse_pop("orders", None, {"batch": "10", "partitions": "2"}, Limits()),
+                                            q.now, [], None, 0))
+    assert [m["offset"] for m in answer["messages"]] == [0, 1, 2]
+
+
 @pytest.mark.parametrize("raw, code", [
     ({"items": []}, "invalid_items"),
     ({"items": [{"payload": 1}]}, "invalid_queue"),
