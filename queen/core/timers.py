@@ -5,10 +5,15 @@ Model:
   - A pending timer is one packed bytes value (below) in a plain dict per queue, keyed by its key:
     a dict of bytes is never tracked by Python's cyclic GC, so ten million pending timers cost the
     collector nothing (see the same choice for messages in queen/core/queues.py).
-  - When they fall due: a heap of (at_ms, version, queue, key). Moving or cancelling a timer leaves
-    its old entry behind, recognized as stale by its version when it comes up; the heap is rebuilt
-    when stale entries outnumber live ones. A tick costs what falls due in it (a pop per timer),
-    however many are pending.
+  - When they fall due: a hashed timing wheel of 50 ms slots, each slot one bytearray of packed
+    (at_ms, version, queue, key) entries, in a dict by absolute slot number. A tick looks at the
+    slots from the last one it visited up to now's, so it costs what falls due in it, however many
+    are pending. No entry is a Python object: a million pending timers give the cyclic GC nothing
+    to walk (a heap of tuples did: each full collection walked its list, tens of ms on the event
+    loop). Moving or cancelling a timer leaves its old entry behind, recognized as stale by its
+    version when its slot comes up; the slots are rebuilt when stale entries outnumber live ones.
+  - Fires of one tick go in (at_ms, version) order, so a partition receives its timers in time
+    order.
   - A fire is one step: a `timer_fired` record (the timer is gone) and the push of its message,
     exempt from the queue's capacity (a due timer is never refused), in the same frame, so after
     any crash either both happened or neither and the timer fires after the restart. Its message
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import struct
+from itertools import islice
 
 from orjson import Fragment
 
@@ -34,8 +40,12 @@ from queen.core.timer_ops import TimerList, TimerOp
 # at_ms, version, scheduled_at_ms, bytes of the partition name, of the producer id (-1: none), of
 # the trace id (-1: none); then those three (UTF-8) and the payload's JSON encoding. Snapshots store
 # it as it is: change it only with the format version.
-_HEAD = struct.Struct("<qqqiii")
-_AT_VERSION = struct.Struct("<qq")
+# Big-endian, so the bytes order packed timers by at_ms: the earliest of a million is min() in C.
+_HEAD = struct.Struct(">qqqiii")
+_AT_VERSION = struct.Struct(">qq")
+SLOT_MS = 50
+# at_ms, version, bytes of the queue name, of the key; then both (UTF-8). Only in memory.
+_ENTRY = struct.Struct("<qqHH")
 # Timers one tick fires at most; the rest go at the next tick (so a backlog due after a long
 # downtime is worked off in bounded steps, not one step of millions).
 FIRE_BUDGET = 10_000
@@ -66,6 +76,19 @@ def unpack_timer(packed: bytes) -> tuple:
     return at_ms, version, scheduled_at_ms, partition, tid, trace_id, packed[position:]
 
 
+def _entries(raw: bytearray):
+    """(the entry's bytes, at_ms, version, queue, key) of each entry of a slot."""
+    position, end = 0, len(raw)
+    size = _ENTRY.size
+    while position < end:
+        at_ms, version, queue_length, key_length = _ENTRY.unpack_from(raw, position)
+        names = position + size
+        stop = names + queue_length + key_length
+        yield (raw[position:stop], at_ms, version, raw[names:names + queue_length].decode(),
+               raw[names + queue_length:stop].decode())
+        position = stop
+
+
 def _payload_bytes(packed: bytes) -> int:
     _, _, _, name_length, tid_length, trace_length = _HEAD.unpack_from(packed)
     return len(packed) - _HEAD.size - name_length - max(tid_length, 0) - max(trace_length, 0)
@@ -85,7 +108,9 @@ class TimerTable:
     def __init__(self, queues):
         self.queues = queues  # QueueTable
         self.pending: dict[str, dict[str, bytes]] = {}  # queue -> key -> packed timer
-        self.due: list = []  # heap of (at_ms, version, queue, key)
+        self.slots: dict[int, bytearray] = {}  # slot (at_ms // SLOT_MS) -> packed entries
+        self.entries = 0  # in the slots, stale ones included
+        self.cursor = 0  # the last slot a tick visited: earlier ones are empty
         self.count = 0
         self.stats = TimerStats()
 
@@ -186,21 +211,43 @@ class TimerTable:
         timers = self.pending.get(queue)
         if not timers:
             return {"pending": 0, "nextAt": None}
-        return {"pending": len(timers), "nextAt": min(_AT_VERSION.unpack_from(packed)[0] for packed in timers.values())}
+        return {"pending": len(timers), "nextAt": _AT_VERSION.unpack_from(min(timers.values()))[0]}
 
     # ------------------------------------------------------------------------------------------
     # Time.
 
     def tick(self, now_ms: int, records: list) -> None:
-        due = self.due
-        budget = FIRE_BUDGET
-        while due and due[0][0] <= now_ms and budget:
-            at_ms, version, queue, key = heapq.heappop(due)
+        target = now_ms // SLOT_MS
+        slots = self.slots
+        if not slots:
+            self.cursor = max(self.cursor, target)
+            return
+        if target - self.cursor <= len(slots):
+            visit = [slot for slot in range(self.cursor, target + 1) if slot in slots]
+        else:  # a long gap (the first tick after a restart): the slots themselves are fewer
+            visit = sorted(slot for slot in slots if slot <= target)
+        self.cursor = max(self.cursor, target)
+        due = []
+        for slot in visit:
+            raw = slots.pop(slot)
+            later = bytearray()
+            for entry, at_ms, version, queue, key in _entries(raw):
+                if at_ms <= now_ms:
+                    due.append((at_ms, version, queue, key))
+                else:  # the current slot: the rest of it is still ahead
+                    later += entry
+            if later:
+                slots[slot] = later
+        if not due:
+            return
+        self.entries -= len(due)
+        due.sort()
+        for _, version, queue, key in islice(due, FIRE_BUDGET):
             packed = self.pending.get(queue, {}).get(key)
-            if packed is None or _AT_VERSION.unpack_from(packed)[1] != version:
-                continue  # moved or cancelled since
-            self._fire(queue, key, packed, now_ms, records)
-            budget -= 1
+            if packed is not None and _AT_VERSION.unpack_from(packed)[1] == version:
+                self._fire(queue, key, packed, now_ms, records)
+        for at_ms, version, queue, key in islice(due, FIRE_BUDGET, None):
+            self._file(at_ms, version, queue, key)  # over the budget: the next tick
 
     def _fire(self, queue: str, key: str, packed: bytes, now_ms: int, records: list) -> None:
         at_ms, _, _, partition, tid, trace_id, payload = unpack_timer(packed)
@@ -230,10 +277,21 @@ class TimerTable:
             shared.bytes -= _payload_bytes(old)
         timers[key] = packed
         shared.bytes += _payload_bytes(packed)
-        at_ms, version = _AT_VERSION.unpack_from(packed)
-        heapq.heappush(self.due, (at_ms, version, queue, key))
-        if len(self.due) > 2 * self.count + 1024:
-            self._rebuild_due()
+        self._file(*_AT_VERSION.unpack_from(packed), queue, key)
+        if self.entries > 2 * self.count + 1024:
+            self._rebuild_slots()
+
+    def _file(self, at_ms: int, version: int, queue: str, key: str) -> None:
+        """An entry in the slot of at_ms, or in the current one if that has passed."""
+        queue_raw, key_raw = queue.encode(), key.encode()
+        slot = max(at_ms // SLOT_MS, self.cursor)
+        entries = self.slots.get(slot)
+        if entries is None:
+            entries = self.slots[slot] = bytearray()
+        entries += _ENTRY.pack(at_ms, version, len(queue_raw), len(key_raw))
+        entries += queue_raw
+        entries += key_raw
+        self.entries += 1
 
     def _apply_remove(self, queue: str, key: str) -> None:
         timers = self.pending.get(queue)
@@ -256,12 +314,13 @@ class TimerTable:
         self.count -= len(timers)
         shared.timers -= len(timers)
         shared.bytes -= sum(_payload_bytes(packed) for packed in timers.values())
-        return len(timers)  # their heap entries are stale now, skipped when they come up
+        return len(timers)  # their slot entries are stale now, skipped when they come up
 
-    def _rebuild_due(self) -> None:
-        self.due = [(*_AT_VERSION.unpack_from(packed), queue, key)
-                    for queue, timers in self.pending.items() for key, packed in timers.items()]
-        heapq.heapify(self.due)
+    def _rebuild_slots(self) -> None:
+        self.slots, self.entries = {}, 0
+        for queue, timers in self.pending.items():
+            for key, packed in timers.items():
+                self._file(*_AT_VERSION.unpack_from(packed), queue, key)
 
     def replay(self, record) -> None:
         kind = type(record)

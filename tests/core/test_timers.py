@@ -2,11 +2,13 @@
 partition; replay and snapshots. Time is now_ms passed to each step, advanced by hand in 50 ms
 ticks as the server's ticker does; nothing sleeps."""
 
+import gc
 import random
 
 import pytest
 
 from queen.core import records as rec
+from queen.core import timers as timers_module
 from queen.core.limits import Limits
 from queen.core.state import State, Tick
 from queen.core.timer_ops import HORIZON_MS, parse_timer_ops
@@ -135,6 +137,29 @@ def test_100k_pending_timers_fire_in_at_order_per_partition_none_early_none_twic
         assert at >= last_at.get(m.partition_id, 0)  # at order within each partition
         last_at[m.partition_id] = at
     assert q.state.shards[0].queues.timers.count == 0
+
+
+def test_a_backlog_over_the_fire_budget_goes_on_at_the_next_tick_in_order(monkeypatch):
+    monkeypatch.setattr(timers_module, "FIRE_BUDGET", 3)
+    q = Queues()
+    q.timers(*({"op": "schedule", "key": f"k{n}", "at": T0 + 10 - n, "payload": n} for n in range(7)))
+    q.tick(TICK_MS)
+    assert [int(m.data) for m in appended(q.records)] == [6, 5, 4]  # the earliest first
+    q.tick(TICK_MS)
+    q.tick(TICK_MS)
+    assert [int(m.data) for m in appended(q.records)] == [6, 5, 4, 3, 2, 1, 0]
+
+
+def test_pending_timers_give_the_garbage_collector_nothing_to_walk():
+    """A million pending timers must not make a full collection (tens of ms on the event loop)
+    walk a million objects: every container that holds them is untracked."""
+    q = Queues()
+    q.timers(*({"op": "schedule", "key": f"k{n}", "delayMs": 1_000 * n, "partition": "p", "payload": {"n": n},
+                "transactionId": f"id-{n}"} for n in range(100)))
+    table = q.state.shards[0].queues.timers
+    gc.collect()
+    assert not gc.is_tracked(table.slots) and not gc.is_tracked(table.pending["orders"])
+    assert not any(gc.is_tracked(entries) for entries in table.slots.values())
 
 
 def test_a_fire_whose_producer_id_is_known_appends_nothing_and_is_counted():
