@@ -64,7 +64,7 @@ def render(document: dict, path: str) -> None:
     bottom.set_yscale("log")
     bottom.set_ylabel("latency, ms (log)")
     bottom.set_title(f"Latency, {connections} connections (per request; queue-peak/-latency: push to delivery, "
-                     "per message): p50 (o), p99 (^), p99.9 (x)", fontsize="medium")
+                     "per message; timer-fire: fire lateness, per timer): p50 (o), p99 (^), p99.9 (x)", fontsize="medium")
     for axis in (top, bottom):
         axis.set_xticks(range(len(shapes)))
         axis.set_xticklabels(labels, fontsize=8)

@@ -330,6 +330,11 @@ def _timer_section(document: dict) -> list[str]:
     schedule = [run for run in document["runs"] if run["workload"] == "timer-schedule" and not run.get("profiled")]
     if not fire and not schedule:
         return []
+    repeat = document["settings"].get("repeat", 1) > 1
+
+    def name(run):
+        return run["workload"] + (f" #{run.get('round', 1)}" if repeat else "")
+
     lines = ["## Timers (Queen only: Redis, etcd, PostgreSQL and NATS have no durable timers to compare with)", ""]
     if fire:
         lines += ["timer-fire: lateness = the fired message's `createdAt` − the timer's `at` (both the server's clock), "
@@ -345,7 +350,7 @@ def _timer_section(document: dict) -> list[str]:
             timers = run.get("timers") or {}
             errors = sum(run["errors"].values()) + run["undrained"]
             lines.append(
-                f"| {run['workload']} | {_num(timers.get('pending_at_start'))} / {_num(timers.get('pending_at_end'))} "
+                f"| {name(run)} | {_num(timers.get('pending_at_start'))} / {_num(timers.get('pending_at_end'))} "
                 f"| {_num(run['rate_per_s'])} | {_num(run['units_per_s'].get('scheduled'))} "
                 f"| {_ms(latency['p50_us'])} / {_ms(latency['p99_us'])} / {_ms(latency['p99_9_us'])} / {_ms(latency['max_us'])} "
                 f"| {_ms(lag.get('p50_us'))} / {_ms(lag.get('p99_us'))} / {_ms(lag.get('max_us'))} "
@@ -356,11 +361,11 @@ def _timer_section(document: dict) -> list[str]:
     if schedule:
         lines += ["timer-schedule: timers an hour ahead, new keys only; pending at the window's start and end "
                   "(the run's queue is deleted afterwards, with its timers).", "",
-                  "| ops | conns | timers/s | req/s | p50 / p99 ms | pending at start / end |",
-                  "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "| run | ops | conns | timers/s | req/s | p50 / p99 ms | pending at start / end |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for run in schedule:
             timers = run.get("timers") or {}
-            lines.append(f"| {run['ops']} | {run['connections']} | {_num(run['rate_per_s'])} | {_num(run['requests_per_s'])} "
+            lines.append(f"| {name(run)} | {run['ops']} | {run['connections']} | {_num(run['rate_per_s'])} | {_num(run['requests_per_s'])} "
                          f"| {_ms(run['latency']['p50_us'])} / {_ms(run['latency']['p99_us'])} "
                          f"| {_num(timers.get('pending_at_start'))} / {_num(timers.get('pending_at_end'))} |")
         lines.append("")
