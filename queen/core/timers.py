@@ -108,6 +108,7 @@ class TimerTable:
     def __init__(self, queues):
         self.queues = queues  # QueueTable
         self.pending: dict[str, dict[str, bytes]] = {}  # queue -> key -> packed timer
+        self.payload_bytes: dict[str, int] = {}  # queue -> its pending timers' payload bytes
         self.slots: dict[int, bytearray] = {}  # slot (at_ms // SLOT_MS) -> packed entries
         self.entries = 0  # in the slots, stale ones included
         self.cursor = 0  # the last slot a tick visited: earlier ones are empty
@@ -270,13 +271,15 @@ class TimerTable:
         timers = self.pending.setdefault(queue, {})
         old = timers.get(key)
         shared = self.queues.shared
+        grows = _payload_bytes(packed)
         if old is None:
             self.count += 1
             shared.timers += 1
         else:
-            shared.bytes -= _payload_bytes(old)
+            grows -= _payload_bytes(old)
         timers[key] = packed
-        shared.bytes += _payload_bytes(packed)
+        shared.bytes += grows
+        self.payload_bytes[queue] = self.payload_bytes.get(queue, 0) + grows
         self._file(*_AT_VERSION.unpack_from(packed), queue, key)
         if self.entries > 2 * self.count + 1024:
             self._rebuild_slots()
@@ -298,12 +301,15 @@ class TimerTable:
         packed = timers.pop(key, None) if timers is not None else None
         if packed is None:
             return
-        if not timers:
-            del self.pending[queue]
+        size = _payload_bytes(packed)
+        if timers:
+            self.payload_bytes[queue] -= size
+        else:
+            del self.pending[queue], self.payload_bytes[queue]
         self.count -= 1
         shared = self.queues.shared
         shared.timers -= 1
-        shared.bytes -= _payload_bytes(packed)
+        shared.bytes -= size
 
     def drop_queue(self, queue: str) -> int:
         """A deleted queue's timers go with it; how many there were."""
@@ -313,7 +319,9 @@ class TimerTable:
         shared = self.queues.shared
         self.count -= len(timers)
         shared.timers -= len(timers)
-        shared.bytes -= sum(_payload_bytes(packed) for packed in timers.values())
+        shared.bytes -= self.payload_bytes.pop(queue)
+        if not self.count:  # nothing pending: every slot entry is stale, and goes now
+            self.slots, self.entries = {}, 0
         return len(timers)  # their slot entries are stale now, skipped when they come up
 
     def _rebuild_slots(self) -> None:

@@ -213,7 +213,8 @@ def test_deleting_a_queue_drops_its_timers():
     assert q.admin("delete")["timers"] == 2
     run_until(q, T0 + 1_000)
     assert q.admin("list", prefix="", after=None, limit=10) == []
-    assert q.state.queues.timers == 0
+    assert q.state.queues.timers == 0 and q.state.queues.bytes == 0  # their payloads no longer count
+    assert q.state.shards[0].queues.timers.slots == {}  # nothing pending: the stale entries went too
 
 
 def pending(state: State) -> dict:
