@@ -56,7 +56,7 @@ from bench.workloads import (
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_WORKLOADS = ("lock-cycle,lock-renew,lock-hot,lock-hot-wait,sem8,sem8-wait,kv-put,kv-get,kv-cas,txn-guarded,"
                      "queue-push,queue-cycle,queue-peak,queue-latency,txn-step,timer-schedule,timer-fire,baseline-http")
-QUICK_WORKLOADS = "lock-cycle,lock-hot-wait,kv-put,kv-cas,txn-guarded,queue-push,queue-cycle"
+QUICK_WORKLOADS = "lock-cycle,lock-hot-wait,kv-put,kv-cas,txn-guarded,queue-push,queue-cycle,txn-step,timer-schedule"
 PEERS = {"redis": ("redis-aof", "redis-mem"), "etcd": ("etcd",), "postgres": ("postgres",), "nats": ("nats",)}
 # Messages a queue-cycle run starts with, per family: what the fastest run of it measured on a
 # 2-core VM consumes in a 12 s run at 64 messages per pop, times 1.3-1.6 (a Redis, PostgreSQL or

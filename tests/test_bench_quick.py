@@ -30,7 +30,7 @@ def test_quick_bench_against_queen_alone_writes_json_markdown_and_chart(tmp_path
 
     runs = document["runs"]
     assert {run["workload"] for run in runs} == {"lock-cycle", "lock-hot-wait", "kv-put", "kv-cas", "txn-guarded",
-                                                 "queue-push", "queue-cycle"}
+                                                 "queue-push", "queue-cycle", "txn-step", "timer-schedule"}
     assert {(run["workload"], run["ops"]) for run in runs} >= {("lock-cycle", 1), ("lock-cycle", 64)}
     for run in runs:
         assert run["system"] == "queen"
