@@ -20,7 +20,10 @@ class QueenError(Exception):
             self.http_status = http_status
 
     def to_wire(self) -> dict:
-        return {"error": {"code": self.code, "message": self.message, "details": wire_safe(self.details)}}
+        """Our envelope, `error: {code, message, details}`, and beside it the code and the message
+        at the top level (`code`, `detail`), where the public Queen MQ client reads them."""
+        return {"error": {"code": self.code, "message": self.message, "details": wire_safe(self.details)},
+                "code": self.code, "detail": self.message}
 
 
 class BadRequest(QueenError):

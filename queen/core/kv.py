@@ -119,7 +119,7 @@ class Table:
 
 class KvOp:
     __slots__ = ("op", "ns", "key", "value", "ttl_ms", "expect", "by", "max", "min", "keys",
-                 "prefix", "cursor", "limit", "required", "detail")
+                 "prefix", "cursor", "limit", "required", "detail", "keys_only")
 
     def __init__(self, op, ns, key=None):
         self.op = op
@@ -137,19 +137,21 @@ class KvOp:
         self.limit = PAGE_ITEMS_DEFAULT
         self.required = True
         self.detail = False  # getPrefix: also each row's create version and times (lock listings)
+        self.keys_only = False  # getPrefix: keys without values (keysOnly)
 
 
 _LIFETIME = ("ttlSeconds", "forever")
 FIELDS = {
     "get": frozenset(("op", "ns", "key")),
     "getMany": frozenset(("op", "ns", "keys")),
-    "getPrefix": frozenset(("op", "ns", "prefix", "cursor", "limit")),
+    # after, keysOnly and delta are the public Queen MQ client's spellings.
+    "getPrefix": frozenset(("op", "ns", "prefix", "cursor", "after", "limit", "keysOnly")),
     "check": frozenset(("op", "ns", "key", "expect", "required")),
     "put": frozenset(("op", "ns", "key", "value", "expect", *_LIFETIME)),
     # expect is refused with its own message: putIfAbsent's condition is "absent".
     "putIfAbsent": frozenset(("op", "ns", "key", "value", "expect", *_LIFETIME)),
     "delete": frozenset(("op", "ns", "key", "expect")),
-    "incr": frozenset(("op", "ns", "key", "by", "max", "min", "expect", *_LIFETIME)),
+    "incr": frozenset(("op", "ns", "key", "by", "delta", "max", "min", "expect", *_LIFETIME)),
 }
 READ_OPS = frozenset(("get", "getMany", "getPrefix", "check"))
 WRITE_OPS = frozenset(("put", "putIfAbsent", "delete", "incr"))
@@ -240,7 +242,17 @@ def parse_kv_op(raw, index, limits: Limits, allow_reserved: bool = False, values
         if type(prefix) is not str or len(prefix.encode()) > limits.key_bytes_max:
             fail("invalid_prefix", f"prefix must be a string of at most {limits.key_bytes_max} bytes", index)
         op.prefix = prefix
-        op.cursor = decode_cursor(raw.get("cursor"), index)
+        after = raw.get("after")
+        if after is not None:  # a plain key, exclusive: the Queen MQ client's cursor
+            if raw.get("cursor") is not None:
+                fail("option_conflict", "give cursor or after, not both", index)
+            op.cursor = text(after, "after", limits.key_bytes_max, index) if after != "" else None
+        else:
+            op.cursor = decode_cursor(raw.get("cursor"), index)
+        keys_only = raw.get("keysOnly", False)
+        if keys_only is not True and keys_only is not False:
+            fail("invalid_keys_only", "keysOnly must be true or false", index)
+        op.keys_only = keys_only
         op.limit = integer(raw.get("limit", PAGE_ITEMS_DEFAULT), "invalid_limit", "limit", index, 1, limits.page_items_max)
         return op
     op = KvOp(name, ns, text(raw.get("key"), "key", limits.key_bytes_max, index))
@@ -270,7 +282,12 @@ def parse_kv_op(raw, index, limits: Limits, allow_reserved: bool = False, values
         if name == "putIfAbsent" and expect is not None:
             fail("invalid_expect", "putIfAbsent takes no expect; it applies only when the key is absent", index)
     elif name == "incr":
-        op.by = integer(raw.get("by", 1), "invalid_by", "by", index)
+        by = raw.get("by")
+        if raw.get("delta") is not None:
+            if by is not None:
+                fail("option_conflict", "give by or delta (the same thing), not both", index)
+            by = integer(raw["delta"], "invalid_delta", "delta", index)
+        op.by = integer(1 if by is None else by, "invalid_by", "by", index)
         if raw.get("max") is not None:
             op.max = integer(raw["max"], "invalid_max", "max", index)
         if raw.get("min") is not None:
@@ -313,10 +330,20 @@ def _item(row: Row | None) -> dict:
     return {"found": True, "value": row.value, "version": row.version, "expiresAt": row.expires_at_ms or None}
 
 
-def _current(row: Row | None) -> dict:
+def _missed(reason: str, row: Row | None) -> dict:
+    """A write's miss: the current row under `current`, and (as the Queen MQ client reads it) its
+    value and version at the top level too."""
     if row is None:
-        return {"value": None, "version": 0}
-    return {"value": row.value, "version": row.version}
+        return {"applied": False, "reason": reason, "current": {"value": None, "version": 0}, "value": None,
+                "version": 0}
+    return {"applied": False, "reason": reason, "current": {"value": row.value, "version": row.version},
+            "value": row.value, "version": row.version}
+
+
+def _check_reason(row: Row | None, expect: int) -> str:
+    if row is None:
+        return "absent"
+    return "exists" if expect == 0 else "version"
 
 
 class KvState:
@@ -406,18 +433,24 @@ class KvState:
         if name == "check":
             version = row.version if row is not None else 0
             if version != op.expect and op.required:
-                return {"applied": False, "reason": "version", "version": version}
+                return {"applied": False, "reason": _check_reason(row, op.expect), "version": version,
+                        "value": row.value if row is not None else None}
             return None
         if name == "putIfAbsent":
-            return {"applied": False, "reason": "exists", "current": _current(row)} if row is not None else None
+            return _missed("exists", row) if row is not None else None
         if op.expect is not None and (row.version if row is not None else 0) != op.expect:
-            return {"applied": False, "reason": "version", "current": _current(row)}
+            return _missed("version", row)
         if name == "incr":
             return self._incr_miss(op, row)
         return None
 
     def _get(self, op, now_ms, records):
-        return _item(self.live_row(op.ns, op.key, now_ms))
+        row = self.live_row(op.ns, op.key, now_ms)
+        item = _item(row)
+        item["key"] = op.key
+        if row is not None:
+            item["updatedAt"] = row.updated_at_ms
+        return item
 
     def _get_many(self, op, now_ms, records):
         items = []
@@ -446,7 +479,10 @@ class KvState:
             if row.expires_at_ms and row.expires_at_ms <= now_ms:
                 expired.append(key)
                 continue
-            item = {"key": key, "value": row.value, "version": row.version, "expiresAt": row.expires_at_ms or None}
+            if op.keys_only:
+                item = {"key": key, "version": row.version, "expiresAt": row.expires_at_ms or None}
+            else:
+                item = {"key": key, "value": row.value, "version": row.version, "expiresAt": row.expires_at_ms or None}
             if op.detail:
                 item["createVersion"] = row.create_version
                 item["createdAt"] = row.created_at_ms
@@ -461,15 +497,18 @@ class KvState:
     def _check(self, op, now_ms, records):
         row = self.live_row(op.ns, op.key, now_ms)
         version = row.version if row is not None else 0
-        return {"applied": version == op.expect, "version": version}
+        if version == op.expect:
+            return {"applied": True, "version": version}
+        return {"applied": False, "version": version, "reason": _check_reason(row, op.expect),
+                "value": row.value if row is not None else None}
 
     def _put(self, op, now_ms, records):
         row = self.live_row(op.ns, op.key, now_ms)
         if op.op == "putIfAbsent":
             if row is not None:
-                return {"applied": False, "reason": "exists", "current": _current(row)}
+                return _missed("exists", row)
         elif op.expect is not None and (row.version if row is not None else 0) != op.expect:
-            return {"applied": False, "reason": "version", "current": _current(row)}
+            return _missed("version", row)
         new = self.write(op.ns, op.key, op.value, op.ttl_ms, row, now_ms, records)
         return {"applied": True, "version": new.version}
 
@@ -478,13 +517,13 @@ class KvState:
         if row is None:
             return {"applied": False, "reason": "absent"}
         if op.expect is not None and row.version != op.expect:
-            return {"applied": False, "reason": "version", "current": _current(row)}
+            return _missed("version", row)
         return {"applied": True, "version": self.delete(op.ns, op.key, records)}
 
     def _incr_miss(self, op, row) -> dict | None:
         current = row.value if row is not None else 0
         if type(current) is not int:
-            return {"applied": False, "reason": "not_integer", "current": _current(row)}
+            return _missed("not_integer", row)
         value = current + op.by
         if ((op.max is not None and value > op.max) or (op.min is not None and value < op.min)
                 or not INT64_MIN <= value <= INT64_MAX):
@@ -494,7 +533,7 @@ class KvState:
     def _incr(self, op, now_ms, records):
         row = self.live_row(op.ns, op.key, now_ms)
         if op.expect is not None and (row.version if row is not None else 0) != op.expect:
-            return {"applied": False, "reason": "version", "current": _current(row)}
+            return _missed("version", row)
         miss = self._incr_miss(op, row)
         if miss is not None:
             return miss

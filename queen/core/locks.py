@@ -105,10 +105,13 @@ def parse_lock_op(raw, index, limits: Limits) -> LockOp:
         op.limit = None if limit is None else integer(limit, "invalid_limit", "limit", index, 1, limits.lock_permits_max)
     if name in _TOKEN_OPS:
         slot, token = get("slot"), get("token")
-        if slot is None or token is None:
-            fail("invalid_operation", f"{name} needs slot and token from the acquire answer", index)
-        op.slot = slot if type(slot) is int and 0 <= slot < limits.lock_permits_max else \
-            integer(slot, "invalid_slot", "slot", index, 0, limits.lock_permits_max - 1)
+        if token is None:
+            fail("invalid_operation", f"{name} needs the token from the acquire answer (and its slot)", index)
+        if slot is None:
+            op.slot = None  # the permit this token is of (the public Queen MQ client may leave slot out)
+        else:
+            op.slot = slot if type(slot) is int and 0 <= slot < limits.lock_permits_max else \
+                integer(slot, "invalid_slot", "slot", index, 0, limits.lock_permits_max - 1)
         op.token = token if type(token) is int and 1 <= token <= INT64_MAX else integer(token, "invalid_token", "token", index, 1)
     return op
 
@@ -305,19 +308,43 @@ class LockTable:
             self._time_out(waiter, now_ms)
         self.after_step(now_ms, records)  # reading holders for a timeout may find expired permits
 
+    def _slot_of(self, op: LockOp, now_ms: int) -> int:
+        """op's slot; when it gave none, the slot of the permit its token (and owner) holds, or 0."""
+        if op.slot is not None:
+            return op.slot
+        for slot, row in self._permits(op.name, now_ms):
+            if self._holds(op, row):
+                return slot
+        return 0
+
+    def _permits(self, name: str, now_ms: int) -> list:
+        """(slot, row) of every live permit of the lock name, in slot order."""
+        kv = self.kv
+        table = kv.tables.get(LOCKS_NS)
+        permits = []
+        if table is not None:
+            prefix = name + "#"
+            for key in list(table.sorted_keys().irange(prefix, prefix + "\uffff")):
+                row = kv.live_row(LOCKS_NS, key, now_ms)
+                if row is not None:
+                    permits.append((int(key[len(prefix):]), row))
+        permits.sort(key=lambda permit: permit[0])
+        return permits
+
     def renew(self, op: LockOp, now_ms: int, records: list) -> dict:
         kv = self.kv
-        key = permit_key(op.name, op.slot)
+        slot = self._slot_of(op, now_ms)
+        key = permit_key(op.name, slot)
         row = kv.live_row(LOCKS_NS, key, now_ms)
         if not self._holds(op, row):
             return {"name": op.name, "renewed": False, "reason": "lost"}
         row = kv.write(LOCKS_NS, key, row.value, op.ttl_ms, row, now_ms, records)
-        return {"name": op.name, "renewed": True, "slot": op.slot, "token": row.version, "fence": row.create_version,
+        return {"name": op.name, "renewed": True, "slot": slot, "token": row.version, "fence": row.create_version,
                 "expiresAt": row.expires_at_ms, "guard": guard(key, row.version)}
 
     def release(self, op: LockOp, now_ms: int, records: list) -> dict:
         kv = self.kv
-        key = permit_key(op.name, op.slot)
+        key = permit_key(op.name, self._slot_of(op, now_ms))
         row = kv.live_row(LOCKS_NS, key, now_ms)
         if row is None:
             return {"name": op.name, "released": False, "reason": "absent"}
@@ -341,17 +368,6 @@ class LockTable:
         return op.owner is not None and row.value == op.owner and row.create_version <= op.token < row.version
 
     def get(self, op: LockOp, now_ms: int) -> dict:
-        kv = self.kv
-        table = kv.tables.get(LOCKS_NS)
-        holders = []
-        if table is not None:
-            prefix = op.name + "#"
-            for key in list(table.sorted_keys().irange(prefix, prefix + "\uffff")):
-                slot = int(key[len(prefix):])
-                if op.limit is not None and slot >= op.limit:
-                    continue
-                row = kv.live_row(LOCKS_NS, key, now_ms)
-                if row is not None:
-                    holders.append(holder(slot, row))
-        holders.sort(key=lambda h: h["slot"])
-        return {"name": op.name, "holders": holders}
+        holders = [holder(slot, row) for slot, row in self._permits(op.name, now_ms)
+                   if op.limit is None or slot < op.limit]
+        return {"name": op.name, "held": bool(holders), "holders": holders}

@@ -323,6 +323,11 @@ class QueueTable:
             return self.delete_queue(op.queue, now_ms, records)
         if kind == "delete_group":
             return self.delete_group(op.queue, args["group"], now_ms, records)
+        if kind == "delete_group_everywhere":
+            names = [name for name, queue in self.queues.items() if args["group"] in queue.groups]
+            for name in names:
+                self.delete_group(name, args["group"], now_ms, records)
+            return names
         if kind == "info":
             return self.queue_info(op.queue, now_ms)
         if kind == "partitions":

@@ -107,7 +107,8 @@ class _Reject(Exception):
 
 _INTERNAL = QueenError("internal", "the server failed to handle this request; see its log", http_status=500)
 # The last resort when even an error answer cannot be built: fixed bytes.
-_INTERNAL_BODY = b'{"error":{"code":"internal","message":"the server failed to handle this request; see its log","details":{}}}'
+_INTERNAL_BODY = (b'{"error":{"code":"internal","message":"the server failed to handle this request; see its log",'
+                  b'"details":{}},"code":"internal","detail":"the server failed to handle this request; see its log"}')
 
 
 def error_response(error: QueenError, wants_cbor: bool = False) -> Response:

@@ -82,6 +82,7 @@ class Api:
             (re.compile(r"/api/v1/resources/queues/([^/]+)"), {b"GET": self._queue_info, b"DELETE": self._queue_delete}),
             (re.compile(r"/api/v1/resources/queues/([^/]+)/partitions"), {b"GET": self._partitions}),
             (re.compile(r"/api/v1/consumer-groups/([^/]+)/queues/([^/]+)"), {b"DELETE": self._group_delete}),
+            (re.compile(r"/api/v1/consumer-groups/([^/]+)"), {b"DELETE": self._group_delete_everywhere}),
         ]
 
     async def handle(self, request: Request) -> Response:
@@ -91,7 +92,7 @@ class Api:
         handlers = self.exact.get(path)
         parts: tuple = ()
         if handlers is None:
-            if path == "/healthz":
+            if path == "/healthz" or path == "/health":  # /health: the Queen MQ client's spelling
                 _allow(method, b"GET")
                 return self._health(request)
             if path == "/metrics":
@@ -299,6 +300,11 @@ class Api:
         group = group_name(unquote(parts[0]), self.limits)
         queue = queue_name(unquote(parts[1]), self.limits)
         return await self.router.run_queue(queue, QueueAdmin("delete_group", queue, group=group))
+
+    async def _group_delete_everywhere(self, request: Request, parts, query):
+        params = _query(query)
+        check_params(params, frozenset(("deleteMetadata",)))
+        return await self.router.delete_group_everywhere(group_name(unquote(parts[0]), self.limits))
 
     def _values_checked(self, request: Request) -> bool:
         """A JSON body decoded by orjson re-encodes to valid JSON, and (floats such as 1e2 can grow

@@ -78,6 +78,9 @@ class Router:
                 for key, item in zip(op.keys, pieces, strict=True):
                     item["key"] = key
                 results[position] = {"items": pieces}
+        for position, op in enumerate(ops):
+            if op.op == "getMany":
+                _getmany_queen_mq_names(results[position])
         out = results[: len(ops)]
         for position, op in enumerate(ops):
             result = out[position]
@@ -199,6 +202,19 @@ class Router:
         items = items[:limit]
         return {"items": items, "cursor": encode_cursor(items[-1]["queue"]) if more else None}
 
+    async def delete_group_everywhere(self, group: str) -> dict:
+        """A consumer group dropped from every queue that has it (each shard's queues in one step)."""
+        self.refuse_writes_if_unavailable()
+        call = Call(self.shard_count, self.shard_count)
+        parts = {shard: [(call, shard, QueueAdmin("delete_group_everywhere", None, group=group))]
+                 for shard in range(self.shard_count)}
+        await self._send_parts(parts)
+        await call.done.wait()
+        if call.error is not None:
+            raise call.error
+        queues = sorted(name for part in call.results for name in part)
+        return {"deleted": bool(queues), "consumerGroup": group, "queues": queues}
+
     async def _wait_or_abandon(self, call: Call, shards: list[int], wait_gone) -> None:
         async with trio.open_nursery() as nursery:
             async def abandon_when_gone():
@@ -251,7 +267,7 @@ class Router:
             await actor.send_channel.send(message)
 
 
-_ADMIN_WRITES = frozenset(("requeue", "purge", "delete", "delete_group"))
+_ADMIN_WRITES = frozenset(("requeue", "purge", "delete", "delete_group", "delete_group_everywhere"))
 
 
 def _checked(result):
@@ -268,11 +284,22 @@ def _checked(result):
 
 
 def _merge_prefix_pages(pages: list[dict], limit: int) -> dict:
+    """Our page (`items`, `cursor`), and the same rows under the Queen MQ client's names: `rows`,
+    `truncated`, `nextAfter` (the last key, plain: its `after`). Both name one list, encoded twice."""
     items = [item for page in pages for item in page["items"]]
     items.sort(key=lambda item: item["key"])
     more = len(items) > limit
     items = items[:limit]
-    return {"items": items, "cursor": encode_cursor(items[-1]["key"]) if more else None}
+    last = items[-1]["key"] if more else None
+    return {"items": items, "cursor": encode_cursor(last) if more else None,
+            "rows": items, "truncated": more, "nextAfter": last}
+
+
+def _getmany_queen_mq_names(page: dict) -> None:
+    """getMany's answer also as the Queen MQ client reads it: the rows found, the keys missing."""
+    items = page["items"]
+    page["rows"] = [item for item in items if item["found"]]
+    page["missing"] = [item["key"] for item in items if not item["found"]]
 
 
 async def tick_forever(steps: StepRunner, tick_ms: int) -> None:

@@ -29,7 +29,7 @@ def test_put_then_get_returns_value_version_and_expiry():
     state = make_state()
     assert run(state, put("k", "v")) == {"applied": True, "version": 1}
     got = run(state, {"op": "get", "ns": "app", "key": "k"})
-    assert got == {"found": True, "value": "v", "version": 1, "expiresAt": T0 + 60_000}
+    assert got == {"found": True, "value": "v", "version": 1, "expiresAt": T0 + 60_000, "key": "k", "updatedAt": T0}
 
 
 def test_every_write_takes_a_higher_version_across_keys_and_deletes():
@@ -44,7 +44,8 @@ def test_put_with_stale_expect_answers_version_and_current_value():
     run(state, put("k", "first"))
     run(state, put("k", "second"))
     miss = run(state, put("k", "third", expect=1))
-    assert miss == {"applied": False, "reason": "version", "current": {"value": "second", "version": 2}}
+    assert miss == {"applied": False, "reason": "version", "current": {"value": "second", "version": 2},
+                    "value": "second", "version": 2}  # also at the top level, where the Queen MQ client reads it
     assert run(state, {"op": "get", "ns": "app", "key": "k"})["value"] == "second"
 
 
