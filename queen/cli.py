@@ -182,7 +182,7 @@ def _add_timer_commands(commands, client) -> None:
                                 description="A timer is named by QUEUE and KEY; when due, its value is appended to "
                                             "the queue's partition as a message, exactly once, never early. "
                                             "Scheduling a KEY again moves it. Exit status: 0 done, 1 not found / "
-                                            "not pending / not scheduled, 65 rejected, 69 unreachable.")
+                                            "not pending / not scheduled, 2 usage, 65 rejected, 69 unreachable.")
     actions = timer.add_subparsers(dest="action", metavar="ACTION", required=True)
     schedule = actions.add_parser("schedule", parents=[client], help="schedule (or move) a timer")
     schedule.add_argument("queue")

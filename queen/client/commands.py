@@ -517,6 +517,8 @@ async def timer_get(args) -> int:
 
 
 async def timer_list(args) -> int:
+    if args.limit is not None and args.limit < 1:
+        raise ValueError("--limit must be 1 or more")
     shown = 0
     async with _client(args) as client:
         async for timer in client.timers.list(args.queue, prefix=args.prefix):

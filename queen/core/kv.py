@@ -147,11 +147,12 @@ FIELDS = {
     # after, keysOnly and delta are the public Queen MQ client's spellings.
     "getPrefix": frozenset(("op", "ns", "prefix", "cursor", "after", "limit", "keysOnly")),
     "check": frozenset(("op", "ns", "key", "expect", "required")),
-    "put": frozenset(("op", "ns", "key", "value", "expect", *_LIFETIME)),
+    # required (true) is the Queen MQ client's: a write's precondition always decides its transaction.
+    "put": frozenset(("op", "ns", "key", "value", "expect", "required", *_LIFETIME)),
     # expect is refused with its own message: putIfAbsent's condition is "absent".
-    "putIfAbsent": frozenset(("op", "ns", "key", "value", "expect", *_LIFETIME)),
-    "delete": frozenset(("op", "ns", "key", "expect")),
-    "incr": frozenset(("op", "ns", "key", "by", "delta", "max", "min", "expect", *_LIFETIME)),
+    "putIfAbsent": frozenset(("op", "ns", "key", "value", "expect", "required", *_LIFETIME)),
+    "delete": frozenset(("op", "ns", "key", "expect", "required")),
+    "incr": frozenset(("op", "ns", "key", "by", "delta", "max", "min", "expect", "required", *_LIFETIME)),
 }
 READ_OPS = frozenset(("get", "getMany", "getPrefix", "check"))
 WRITE_OPS = frozenset(("put", "putIfAbsent", "delete", "incr"))
@@ -271,6 +272,9 @@ def parse_kv_op(raw, index, limits: Limits, allow_reserved: bool = False, values
             fail("invalid_required", "required must be true or false", index)
         op.required = required
         return op
+    if raw.get("required", True) is not True:
+        fail("unsupported_field", "required: false is not supported on a write: its precondition (expect, "
+             "putIfAbsent, incr bounds) always decides the transaction it is in", index, field="required")
     if name in LIFETIME_OPS:
         op.ttl_ms = parse_lifetime(raw, index, limits.kv_ttl_seconds_max)
     if name == "put" or name == "putIfAbsent":

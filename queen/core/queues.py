@@ -729,6 +729,10 @@ class QueueTable:
             return kind, {"state": found[1]}
         return None
 
+    def lease_live(self, lease_id: int, now_ms: int) -> bool:
+        entry = self.leases.get(lease_id)
+        return entry is not None and entry[2].expires_at_ms > now_ms
+
     def _lease_live(self, item: AckItem, now_ms: int) -> bool:
         name = self.shared.lease_queue.get(item.lease_id)
         entry = self.leases.get(item.lease_id) if name is not None else None

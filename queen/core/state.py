@@ -22,7 +22,7 @@ from queen.core import records as rec
 from queen.core.kv import LOCKS_NS, VersionCounter, snapshot_records
 from queen.core.limits import Limits
 from queen.core.shard import ShardState
-from queen.core.txn import TransactionOps, apply_transaction
+from queen.core.txn import TransactionOps, apply_transaction, queen_mq_answer
 
 _ns_seeds: dict[str, int] = {}
 _NS_SEEDS_MAX = 4096  # namespaces are few; past this, hash without the cache rather than grow it
@@ -180,9 +180,14 @@ class State:
                                   if item.partition_id in partition_queue else 0] for item in txn.ack]
         push_shards = [self.shards[shard_of_queue(item.queue, count)] for item in txn.push]
         timer_shards = [self.shards[shard_of_queue(op.queue, count)] for op in txn.timers]
+        lease_queue = self.queues.lease_queue
+        lease_checks = [lease_id in lease_queue and self.shards[shard_of_queue(lease_queue[lease_id], count)]
+                        .queues.lease_live(lease_id, now_ms) for lease_id in txn.required_leases]
         answer = apply_transaction(txn, [shard.kv for shard in kv_shards], [shard.queues for shard in ack_shards],
                                    [shard.queues for shard in push_shards], [shard.queues for shard in timer_shards],
-                                   now_ms, records)
+                                   now_ms, records, lease_checks)
+        if txn.queen_mq_order is not None:
+            answer = queen_mq_answer(txn, answer)
         touched = {id(shard): shard for shard in (*kv_shards, *ack_shards, *push_shards, *timer_shards)}
         return list(touched.values()), answer
 

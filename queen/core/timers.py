@@ -76,6 +76,26 @@ def unpack_timer(packed: bytes) -> tuple:
     return at_ms, version, scheduled_at_ms, partition, tid, trace_id, packed[position:]
 
 
+def _with_status(op: TimerOp, result: dict) -> dict:
+    """`ok` and `status` beside our fields (the public Queen MQ client reads them), and, for an
+    operation in its spelling, its names echoed: timerKey, txn, deliverAt."""
+    if op.op == "schedule":
+        ok = result["scheduled"]
+        result["ok"] = ok
+        result["status"] = ("rescheduled" if result["replaced"] else "scheduled") if ok else result["reason"]
+    elif op.op == "cancel":
+        result["ok"] = result["cancelled"]
+        result["status"] = "cancelled" if result["cancelled"] else "absent"
+    else:
+        result["ok"] = result["found"]
+    if op.queen_mq:
+        result["timerKey"] = op.key
+        if op.op == "schedule":
+            result["txn"] = op.transaction_id
+            result["deliverAt"] = result.get("at")
+    return result
+
+
 def _entries(raw: bytearray):
     """(the entry's bytes, at_ms, version, queue, key) of each entry of a slot."""
     position, end = 0, len(raw)
@@ -126,10 +146,10 @@ class TimerTable:
     def apply_one(self, op: TimerOp, now_ms: int, records: list) -> dict:
         base = {"index": op.index, "op": op.op, "queue": op.queue, "key": op.key}
         if op.op == "schedule":
-            return {**base, **self.schedule(op, now_ms, records)}
+            return _with_status(op, {**base, **self.schedule(op, now_ms, records)})
         if op.op == "cancel":
-            return {**base, **self.cancel(op.queue, op.key, records)}
-        return {**base, **self.get(op.queue, op.key)}
+            return _with_status(op, {**base, **self.cancel(op.queue, op.key, records)})
+        return _with_status(op, {**base, **self.get(op.queue, op.key)})
 
     def check_schedule(self, op: TimerOp, growth=None) -> str | None:
         """Why a schedule would be refused now ("storage_full"), or None. growth: a transaction's
@@ -166,8 +186,8 @@ class TimerTable:
         """A transaction's schedule or cancel, its capacity already checked."""
         base = {"index": op.index, "op": op.op, "queue": op.queue, "key": op.key}
         if op.op == "schedule":
-            return {**base, **self._schedule(op, now_ms, records)}
-        return {**base, **self.cancel(op.queue, op.key, records)}
+            return _with_status(op, {**base, **self._schedule(op, now_ms, records)})
+        return _with_status(op, {**base, **self.cancel(op.queue, op.key, records)})
 
     def _schedule(self, op: TimerOp, now_ms: int, records: list) -> dict:
         self.queues._queue(op.queue, now_ms, records, create=True)

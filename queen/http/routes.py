@@ -36,7 +36,7 @@ from queen.core.queue_ops import (
     parse_requeue,
     queue_name,
 )
-from queen.core.timer_ops import parse_timers
+from queen.core.timer_ops import parse_timer_ops, parse_timers
 from queen.core.txn import parse_transaction
 from queen.errors import BadRequest, QueenError
 from queen.http.codec import CBOR, decode_body, encode_body
@@ -83,6 +83,9 @@ class Api:
             (re.compile(r"/api/v1/resources/queues/([^/]+)/partitions"), {b"GET": self._partitions}),
             (re.compile(r"/api/v1/consumer-groups/([^/]+)/queues/([^/]+)"), {b"DELETE": self._group_delete}),
             (re.compile(r"/api/v1/consumer-groups/([^/]+)"), {b"DELETE": self._group_delete_everywhere}),
+            # The public Queen MQ client's timer routes: one key (its keys may hold '/'), one queue's page.
+            (re.compile(r"/api/v1/timers/([^/]+)/(.+)"), {b"GET": self._timer_one, b"DELETE": self._timer_one}),
+            (re.compile(r"/api/v1/timers/([^/]+)"), {b"GET": self._timer_page}),
         ]
 
     async def handle(self, request: Request) -> Response:
@@ -300,6 +303,31 @@ class Api:
         group = group_name(unquote(parts[0]), self.limits)
         queue = queue_name(unquote(parts[1]), self.limits)
         return await self.router.run_queue(queue, QueueAdmin("delete_group", queue, group=group))
+
+    async def _timer_one(self, request: Request, parts, query):
+        params = _query(query)
+        check_params(params, frozenset(("txn",)))
+        kind = "cancel" if request.method == b"DELETE" else "get"
+        raw = {"op": kind, "queue": unquote(parts[0]), "timerKey": unquote(parts[1])}
+        [op] = parse_timer_ops([raw], self.limits, self.router.now_ms())
+        [result] = await self.router.timers([op])
+        if kind == "cancel" and "txn" in params:
+            result["txn"] = params["txn"]  # echoed on absent too: it may have fired, with this id
+        return result
+
+    async def _timer_page(self, request: Request, parts, query):
+        """A queue's pending timers, as the Queen MQ client pages them: rows, truncated, nextAfter."""
+        params = _query(query)
+        check_params(params, frozenset(("after", "limit")))
+        queue = queue_name(unquote(parts[0]), self.limits)
+        after = params.get("after") or None
+        limit = min(_int_param(params, "limit"), self.limits.page_items_max) if "limit" in params else 100
+        page = await self.router.list_timers(queue, "", after, max(1, limit))
+        rows = page["items"]
+        for row in rows:
+            row["timerKey"] = row["key"]
+        return {"rows": rows, "truncated": page["cursor"] is not None,
+                "nextAfter": rows[-1]["key"] if page["cursor"] is not None else None}
 
     async def _group_delete_everywhere(self, request: Request, parts, query):
         params = _query(query)

@@ -44,7 +44,7 @@ def test_a_timer_fires_at_its_time_never_before_and_lands_in_its_partition():
     assert message["data"] == {"orderId": 42} and message["partition"] == "customer-42"
     assert message["transactionId"] == "timeout-42" and message["createdAt"] == T0 + 1_000
     assert q.timer(key="order-42:timeout") == {"index": 0, "op": "get", "queue": "orders", "key": "order-42:timeout",
-                                               "found": False}
+                                               "found": False, "ok": False}
     assert q.timer("cancel", key="order-42:timeout")["reason"] == "absent"  # fired: gone
 
 
@@ -91,7 +91,7 @@ def test_a_cancelled_timer_never_fires_and_a_second_cancel_is_absent():
     cancelled = q.timer("cancel", key="k")
     assert cancelled["cancelled"] is True and cancelled["version"] == scheduled["version"]
     assert q.timer("cancel", key="k") == {"index": 0, "op": "cancel", "queue": "orders", "key": "k",
-                                          "cancelled": False, "reason": "absent"}
+                                          "cancelled": False, "reason": "absent", "ok": False, "status": "absent"}
     assert q.timer("cancel", key="never")["reason"] == "absent"
     run_until(q, T0 + 1_000)
     assert q.pop()["reason"] == "empty"

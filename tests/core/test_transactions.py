@@ -159,7 +159,7 @@ def test_a_cancel_of_an_absent_timer_is_not_a_failure():
     answer, _ = q.txn({"timers": [{"op": "cancel", "queue": "orders", "key": "gone"}],
                        "kv": [{"op": "put", "ns": "n", "key": "k", "value": 1, "forever": True}]})
     assert answer["success"] and answer["timers"][0] == {"index": 0, "op": "cancel", "queue": "orders", "key": "gone",
-                                                         "cancelled": False, "reason": "absent"}
+                                                         "cancelled": False, "reason": "absent", "ok": False, "status": "absent"}
 
 
 def test_the_first_miss_in_section_order_is_reported():
@@ -190,7 +190,9 @@ def test_a_transaction_replays_to_the_same_state():
 
 
 @pytest.mark.parametrize("document, code", [
-    ({"operations": [{"type": "push"}]}, "unsupported_form"),
+    ({"operations": [{"type": "push"}]}, "invalid_operations"),  # the Queen MQ form: a push needs its items
+    ({"operations": [], "ack": []}, "unsupported_form"),  # the two forms mixed
+    ({"operations": [{"type": "pop"}]}, "invalid_operations"),
     ({"kv": [{"op": "get", "ns": "n", "key": "k"}], "pop": []}, "unknown_section"),
     ({}, "invalid_body"),
     ([], "invalid_body"),

@@ -57,7 +57,7 @@ async def test_schedule_get_list_move_and_cancel_over_http(tmp_path, autojump_cl
             {"op": "get", "queue": "orders", "key": "order-40:reminder"})
         assert [r["index"] for r in results] == [0, 1, 2] and results[0]["scheduled"] is True
         assert results[1] == {"index": 1, "op": "cancel", "queue": "orders", "key": "order-41:payment-timeout",
-                              "cancelled": False, "reason": "absent"}
+                              "cancelled": False, "reason": "absent", "ok": False, "status": "absent"}
         assert results[2]["found"] is False
         [got] = await timers(c, {"op": "get", "queue": "orders", "key": "order-42:payment-timeout"})
         assert got["payload"] == {"orderId": 42, "kind": "payment-timeout"} and got["at"] == results[0]["at"]
@@ -157,10 +157,10 @@ async def test_paused_lock_holder_cannot_commit_its_guarded_step(tmp_path, autoj
         assert review["found"] is True and review["payload"] == "B"
 
 
-async def test_the_old_form_and_unknown_sections_are_refused(tmp_path, autojump_clock):
+async def test_mixed_forms_and_unknown_sections_are_refused(tmp_path, autojump_clock):
     async with open_server(tmp_path / "d") as server:
         c = HttpClient(server.port)
-        for document, code in (({"operations": [{"type": "push", "queue": "q"}]}, "unsupported_form"),
+        for document, code in (({"operations": [{"type": "push", "queue": "q"}], "push": []}, "unsupported_form"),
                                ({"pop": [{"queue": "q"}]}, "unknown_section"),
                                ({"timers": [{"op": "get", "queue": "q", "key": "k"}]}, "not_in_transaction")):
             status, body = await c.request("POST", "/api/v1/transaction", document)
