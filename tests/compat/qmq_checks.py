@@ -192,6 +192,33 @@ async def lock_run(client):
 
 
 @check
+async def lock_loss_is_seen(client):
+    lock_name = name("loss")
+    lock = client.lock(lock_name, ttl_seconds=30)
+    lost = []
+    lock.on_lost(lost.append)
+    assert await lock.acquire()
+    await client.locks.release(lock_name, token=lock.token)  # an operator takes it away
+    assert await lock.renew() is False and lost == ["renew"] and not lock.held
+
+
+@check
+async def txn_guard_of_a_taken_lock_commits_nothing(client):
+    lock_name, ns = name("taken"), name("txn")
+    lock = client.lock(lock_name, ttl_seconds=30)
+    lost = []
+    lock.on_lost(lost.append)
+    assert await lock.acquire()
+    await client.locks.release(lock_name, token=lock.token)  # an operator frees it ...
+    other = client.lock(lock_name, ttl_seconds=30)
+    assert await other.acquire()  # ... and another holder takes it
+    result = await client.transaction().guard(lock).kv.put(ns, "zombie", 1, ttl_seconds=60).commit()
+    assert not result and result.get("reason") == "kv_precondition" and lost == ["guard"]
+    assert not await client.kv.get(ns, "zombie")
+    await other.release()
+
+
+@check
 async def lock_error_code(client):
     from queen import LockError
     try:
@@ -436,9 +463,11 @@ async def admin_reads(client):
     queue = name("admin")
     await client.queue(queue).partition("p").push([{"data": 1}])
     health = await admin.health()
-    assert health
+    assert health and health.get("status") == "ok"
     queues = await admin.list_queues()
-    assert queues is not None
+    assert queue in [row.get("queue") for row in queues.get("items")]
+    detail = await admin.get_queue(queue)
+    assert detail.get("found") is True and detail.get("messages") == 1
 
 
 async def main() -> None:
