@@ -140,12 +140,13 @@ class QueenPush(Session):
 class QueenCycle(Session):
     """Pop up to `ops` messages (one partition, under a lease), then ack them all `completed` in one
     batch. Counts messages acked; an empty pop means the preload ran out (an error: the run then
-    measured a drained queue)."""
+    measured a drained queue). Subclasses change what follows a pop (follow_up) and how its answer
+    counts (settled)."""
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
         self.pop = http_get(ctx.host, ctx.port, f"/api/v1/pop/queue/{queue_name(ctx.tag)}?batch={ctx.ops}")
-        self.next: bytes | None = None  # the ack batch when one is due
+        self.next: bytes | None = None  # the request that settles the last pop, when one is due
         self.expected = 0
 
     def reset(self) -> None:
@@ -165,12 +166,15 @@ class QueenCycle(Session):
         if self.next is None:
             self._popped(body, tally, counting)
             return
-        acked = bytes(body).count(b'"success":true')
+        self.settled(bytes(body), tally, counting)
+        self.next = None
+
+    def settled(self, body: bytes, tally, counting) -> None:
+        acked = body.count(b'"success":true')
         if acked != self.expected:
             tally.error("ack_lost", _sample(body))
         if counting:
             _count(tally, "messages", acked)
-        self.next = None
 
     def _popped(self, body, tally, counting) -> None:
         try:
@@ -183,14 +187,16 @@ class QueenCycle(Session):
                 _count(tally, "empty", 1)
             tally.error("ran_dry", f"pop answered {doc.get('reason')!r}: the preload ran out; raise --queue-preload")
             return
-        partition_id, lease_id = doc["partitionId"], doc["leaseId"]
-        acks = [{"partitionId": partition_id, "leaseId": lease_id, "offset": m["offset"], "status": "completed"}
-                for m in doc["messages"]]
-        self.expected = len(acks)
-        self.next = http_post(self.ctx.host, self.ctx.port, "/api/v1/ack/batch", orjson.dumps({"acknowledgments": acks}))
+        self.expected = len(doc["messages"])
+        self.next = self.follow_up(doc)
+
+    def follow_up(self, doc: dict) -> bytes:
+        acks = [{"partitionId": doc["partitionId"], "leaseId": doc["leaseId"], "offset": m["offset"],
+                 "status": "completed"} for m in doc["messages"]]
+        return http_post(self.ctx.host, self.ctx.port, "/api/v1/ack/batch", orjson.dumps({"acknowledgments": acks}))
 
 
-class QueenTxnStep(Session):
+class QueenTxnStep(QueenCycle):
     """A workflow step: pop up to `ops` messages (one partition, under a lease), then ONE
     transaction that acks them (by transactionId), pushes each one's successor to the next queue
     (same partition, producer id = the popped id + "-next", so a retried step is deduplicated)
@@ -200,47 +206,17 @@ class QueenTxnStep(Session):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        self.pop = http_get(ctx.host, ctx.port, f"/api/v1/pop/queue/{queue_name(ctx.tag)}?batch={ctx.ops}")
         self.next_queue = next_queue_name(ctx.tag)
         self.key_groups = key_groups(ctx, 64)
         self.position = 0
-        self.next: bytes | None = None  # the transaction when one is due
-        self.expected = 0
 
-    def reset(self) -> None:
-        self.next = None  # what was popped comes back when its lease ends
-
-    def owes_release(self) -> bool:
-        return self.next is not None
-
-    def request(self) -> bytes:
-        return self.pop if self.next is None else self.next
-
-    def answer(self, status, body, tally, counting) -> None:
-        if status != 200:
-            tally.error(f"http_{status}", _sample(body))
-            self.next = None
-            return
-        if self.next is None:
-            self._popped(body, tally, counting)
-            return
-        if not bytes(body).startswith(b'{"success":true'):
+    def settled(self, body: bytes, tally, counting) -> None:
+        if not body.startswith(b'{"success":true'):
             tally.error("txn_failed", _sample(body))
         elif counting:
             _count(tally, "steps", self.expected)
-        self.next = None
 
-    def _popped(self, body, tally, counting) -> None:
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            tally.error("bad_body", _sample(body))
-            return
-        if not doc.get("success"):
-            if counting:
-                _count(tally, "empty", 1)
-            tally.error("ran_dry", f"pop answered {doc.get('reason')!r}: the preload ran out; raise --queue-preload")
-            return
+    def follow_up(self, doc: dict) -> bytes:
         partition_id, lease_id, messages = doc["partitionId"], doc["leaseId"], doc["messages"]
         keys = self.key_groups[self.position]
         self.position = (self.position + 1) % len(self.key_groups)
@@ -252,8 +228,7 @@ class QueenTxnStep(Session):
             "kv": [{"op": "put", "ns": TXN_NS, "key": key, "value": {"step": 2, "from": m["transactionId"]},
                     "forever": True} for key, m in zip(keys, messages, strict=False)],
         }
-        self.expected = len(messages)
-        self.next = http_post(self.ctx.host, self.ctx.port, "/api/v1/transaction", orjson.dumps(txn))
+        return http_post(self.ctx.host, self.ctx.port, "/api/v1/transaction", orjson.dumps(txn))
 
 
 class QueenTimerSchedule(Session):
