@@ -225,7 +225,7 @@ def _first_miss(txn: TransactionOps, kv_states, ack_tables, push_tables, timer_t
     for index, (op, state) in enumerate(zip(txn.kv, kv_states, strict=True)):
         miss = state.precheck(op, now_ms)
         if miss is not None:
-            current = miss.get("current") or {"version": miss.get("version", 0)}
+            current = miss.get("current") or {"value": miss.get("value"), "version": miss.get("version", 0)}
             return {"top": "kv_precondition", "section": "kv", "index": index, "op": op.op, "ns": op.ns, "key": op.key,
                     "reason": miss["reason"], "current": current}
     for index, (item, table) in enumerate(zip(txn.ack, ack_tables, strict=True)):

@@ -72,7 +72,7 @@ def test_a_kv_miss_writes_nothing_of_any_section():
     answer, records = q.txn(document)
     assert answer == {"success": False, "reason": "kv_precondition", "failed": {
         "section": "kv", "index": 1, "op": "check", "ns": "queen-locks", "key": "billing#0",
-        "reason": "absent", "current": {"version": 0}}}
+        "reason": "absent", "current": {"value": None, "version": 0}}}
     assert records == []
     assert kv_get(q)["found"] is False and q.timer(key="order-42:review")["found"] is False
     assert q.pop(queue="invoices")["success"] is False

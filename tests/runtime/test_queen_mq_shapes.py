@@ -115,6 +115,11 @@ async def test_the_operations_form_of_a_transaction_is_one_step_with_flat_result
         lost = await post(c, "/api/v1/transaction", {"operations": step["operations"][:1],
                                                      "requiredLeases": step["requiredLeases"]})
         assert lost["success"] is False and lost["error"] == "lease_lost" and lost["failedIndex"] == 0
+        [lock] = await c.locks({"op": "acquire", "name": "g", "ttlSeconds": 30, "owner": "me"})
+        guard = {**lock["guard"], "expect": lock["token"] + 1}  # a token this holder no longer has
+        missed = await post(c, "/api/v1/transaction", {"operations": [], "requiredLeases": [], "kv": [guard]})
+        assert (missed["failedIndex"], missed["kvReason"], missed["value"], missed["version"]) == (
+            0, "version", "me", lock["token"])
         mixed = await post(c, "/api/v1/transaction", {"operations": [], "ack": []}, status=400)
         assert mixed["code"] == "unsupported_form"
 
