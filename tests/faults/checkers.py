@@ -138,10 +138,10 @@ def _ev(record) -> dict:
 def _holdings(events: list, violations: list) -> list[_Holding]:
     """Group grants, renewals, releases and losses into holdings, in the order things happened."""
     def order(event):
-        time = event.at if isinstance(event, Loss) else event.invoked_at
-        # at one instant: releases and losses close before grants open, renewals attach after
-        rank = {Release: 0, Loss: 0, Grant: 1, Renewal: 2}[type(event)]
-        return time, rank
+        # At one instant (times are whole ms: a grant, its renewal and its release can share one),
+        # the order the records were given in decides: one holding's events come from one client,
+        # which records them in the order it made them. The sort is stable.
+        return event.at if isinstance(event, Loss) else event.invoked_at
     current: dict[tuple, _Holding] = {}
     last: dict[tuple, _Holding] = {}
     holdings: list[_Holding] = []
