@@ -260,6 +260,8 @@ def test_timer_commands_schedule_move_get_list_cancel_and_fire(server):
     assert queen(server, "timer", "get", "cli-timers", "other").returncode == 1
     assert queen(server, "timer", "schedule", "cli-timers", "k", "1", "--at", "2026-12-01T09:00:00").returncode == 2
     assert queen(server, "timer", "schedule", "cli-timers", "k", "1").returncode == 2  # --in or --at is required
+    too_far = queen(server, "timer", "schedule", "cli-timers", "k", "1", "--in", "366d")
+    assert too_far.returncode == 2 and "--in 366d" in too_far.stderr
     fired = queen(server, "timer", "schedule", "cli-timers", "now", "ding", "--in", "0s", "--partition", "p")
     assert fired.returncode == 0
     popped = queen(server, "queue", "pop", "cli-timers", "--partition", "p", "--wait", "5s", "--auto-ack")

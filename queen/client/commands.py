@@ -474,6 +474,8 @@ def _timer_json(timer) -> dict:
 
 
 async def timer_schedule(args) -> int:
+    if args.delay is not None and not 0 <= seconds(args.delay, "--in") <= 365 * 86_400:
+        raise ValueError(f"--in {args.delay}: a timer fires from now (0s) to at most 365 days ahead (365d)")
     when = {"at": _at(args.at)} if args.at is not None else {"delay": args.delay}
     async with _client(args) as client:
         result = await client.timers.schedule(args.queue, args.key, _value(args), partition=args.partition,
