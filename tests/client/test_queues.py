@@ -97,7 +97,10 @@ def test_both_the_consumer_extends_its_lease_while_a_message_is_handled(backend,
             await queue.push("slow")
             async with aclosing(queue.consume(wait="1s")) as messages:
                 async for message in messages:
-                    await anyio.sleep(2.5)  # a real server: past the 1 s lease twice over
+                    # Another consumer parks on the server for 2.5 s, past the 1 s lease twice over:
+                    # it gets nothing, since the consumer's lease is extended all along.
+                    other = await queue.pop(wait="2500ms")
+                    assert not other.messages and other.reason == "timeout"
                     result = await message.ack()
                     assert result.success and not result.already  # the lease held all along
                     break
