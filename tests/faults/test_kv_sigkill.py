@@ -9,13 +9,12 @@ Time: clients wait on the real process (answers, restarts); nothing sleeps for t
 
 from __future__ import annotations
 
-import http.client
-import json
 import random
 import threading
 import time
 
 from queen.testing import ServerProcess
+from tests.faults.killing import JsonClient, Target, kill_while_running
 from tests.faults.linearizability import Op, check_history
 
 SEED = 20261130
@@ -59,80 +58,30 @@ def next_op(rng: random.Random, process: int, n: int, last_version: dict) -> tup
     return "delete", key, {}, {"op": "delete", "ns": "f", "key": key}
 
 
-def client(server_box: dict, process: int, recorder: Recorder, stop: threading.Event) -> None:
+def client(target: Target, process: int, recorder: Recorder) -> None:
     rng = random.Random(SEED * 31 + process)
     seen: dict[str, int] = {}
-    connection = None
+    connection = JsonClient(target, "/api/v1/kv")
     for n in range(OPS_PER_CLIENT):
         kind, key, args, wire = next_op(rng, process, n, seen)
         invoke = time.monotonic()
-        try:
-            if connection is None:
-                connection = http.client.HTTPConnection("127.0.0.1", server_box["port"], timeout=10)
-            connection.request("POST", "/api/v1/kv", json.dumps({"operations": [wire]}),
-                               {"content-type": "application/json"})
-            response = connection.getresponse()
-            body = response.read()
-            if response.status != 200:
-                raise OSError(f"status {response.status}")
-            result = json.loads(body)["results"][0]
-        except (OSError, http.client.HTTPException, ValueError):
-            # Unknown outcome (a read's is simply dropped: it changed nothing).
+        result = connection.call(wire)
+        if result is None:  # unknown outcome (a read's is simply dropped: it changed nothing)
             if kind != "get":
                 recorder.add(Op(process, kind, key, args, invoke, None, None))
-            if connection is not None:
-                connection.close()
-            connection = None
-            wait_until_up(server_box, stop)
             continue
         recorder.add(Op(process, kind, key, args, invoke, time.monotonic(), result))
         if "version" in result and result.get("found", result.get("applied", True)):
             seen[key] = result["version"]
-    if connection is not None:
-        connection.close()
-
-
-def wait_until_up(server_box: dict, stop: threading.Event) -> None:
-    """Until the (restarted) server answers: waiting on the real process, not on time."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not stop.is_set():
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", server_box["port"], timeout=2)
-            connection.request("GET", "/healthz")
-            ok = connection.getresponse().status == 200
-            connection.close()
-            if ok:
-                return
-        except OSError:
-            pass
-        server_box["restarted"].wait(0.05)
+    connection.close()
 
 
 def test_kv_history_across_sigkills_is_linearizable(tmp_path):
     rng = random.Random(SEED)
     recorder = Recorder()
-    stop = threading.Event()
-    server = ServerProcess(str(tmp_path / "data")).start()
-    server_box = {"port": server.port, "restarted": threading.Event()}
-    threads = [threading.Thread(target=client, args=(server_box, p, recorder, stop), daemon=True)
-               for p in range(CLIENTS)]
-    try:
-        for thread in threads:
-            thread.start()
-        for _ in range(KILLS):
-            target = len(recorder.ops) + rng.randrange(40, 120)
-            deadline = time.monotonic() + 30
-            while len(recorder.ops) < target and any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-                threads[0].join(0.01)  # waiting on the clients' progress, not on time
-            server.kill()
-            server.start()
-            server_box["port"] = server.port
-            server_box["restarted"].set()
-        for thread in threads:
-            thread.join(120)
-    finally:
-        stop.set()
-        server.stop()
+    target = Target(ServerProcess(str(tmp_path / "data")).start())
+    threads = [threading.Thread(target=client, args=(target, p, recorder), daemon=True) for p in range(CLIENTS)]
+    kill_while_running(target, threads, lambda: len(recorder.ops), KILLS, rng, (40, 120))
     ops = recorder.ops
     unknown = sum(op.complete is None for op in ops)
     results = check_history(ops)

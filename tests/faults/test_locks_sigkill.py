@@ -12,14 +12,13 @@ Clients wait on the real process (answers, restarts); nothing sleeps for time to
 from __future__ import annotations
 
 import dataclasses
-import http.client
-import json
 import random
 import threading
 import time
 
 from queen.testing import ServerProcess
 from tests.faults.checkers import Grant, Release, Renewal, check_leases
+from tests.faults.killing import JsonClient, Target, kill_while_running
 
 SEED = 20261201
 CLIENTS = 4
@@ -34,50 +33,9 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class Client:
-    def __init__(self, box: dict):
-        self.box = box
-        self.connection = None
-
-    def call(self, operation: dict) -> dict | None:
-        """The answer, or None when the server went away mid-call (outcome unknown)."""
-        try:
-            if self.connection is None:
-                self.connection = http.client.HTTPConnection("127.0.0.1", self.box["port"], timeout=10)
-            self.connection.request("POST", "/api/v1/locks", json.dumps({"operations": [operation]}),
-                                    {"content-type": "application/json"})
-            response = self.connection.getresponse()
-            body = response.read()
-            if response.status != 200:
-                raise OSError(f"status {response.status}")
-            return json.loads(body)["results"][0]
-        except (OSError, http.client.HTTPException, ValueError):
-            if self.connection is not None:
-                self.connection.close()
-            self.connection = None
-            wait_until_up(self.box)
-            return None
-
-
-def wait_until_up(box: dict) -> None:
-    """Until the (restarted) server answers: waiting on the real process, not on time."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", box["port"], timeout=2)
-            connection.request("GET", "/healthz")
-            ok = connection.getresponse().status == 200
-            connection.close()
-            if ok:
-                return
-        except OSError:
-            pass
-        box["restarted"].wait(0.05)
-
-
-def run_client(box: dict, process: int, events: list, lock: threading.Lock) -> None:
+def run_client(target: Target, process: int, events: list, lock: threading.Lock) -> None:
     rng = random.Random(SEED * 17 + process)
-    client = Client(box)
+    client = JsonClient(target, "/api/v1/locks")
     for attempt in range(ATTEMPTS_PER_CLIENT):
         name = rng.choice(sorted(LOCKS))
         owner = f"p{process}-{attempt}"  # a fresh owner per attempt: a lost grant is a holder nobody knows
@@ -107,33 +65,16 @@ def run_client(box: dict, process: int, events: list, lock: threading.Lock) -> N
                             answered=answered))
         with lock:
             events.extend(mine)
-    if client.connection is not None:
-        client.connection.close()
+    client.close()
 
 
 def test_lock_and_semaphore_leases_across_sigkills(tmp_path):
     rng = random.Random(SEED)
     events: list = []
     lock = threading.Lock()
-    server = ServerProcess(str(tmp_path / "data")).start()
-    box = {"port": server.port, "restarted": threading.Event()}
-    threads = [threading.Thread(target=run_client, args=(box, p, events, lock), daemon=True) for p in range(CLIENTS)]
-    try:
-        for thread in threads:
-            thread.start()
-        for _ in range(KILLS):
-            target = len(events) + rng.randrange(30, 90)
-            deadline = time.monotonic() + 30
-            while len(events) < target and any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-                threads[0].join(0.01)  # waiting on the clients' progress, not on time
-            server.kill()
-            server.start()
-            box["port"] = server.port
-            box["restarted"].set()
-        for thread in threads:
-            thread.join(120)
-    finally:
-        server.stop()
+    target = Target(ServerProcess(str(tmp_path / "data")).start())
+    threads = [threading.Thread(target=run_client, args=(target, p, events, lock), daemon=True) for p in range(CLIENTS)]
+    kill_while_running(target, threads, lambda: len(events), KILLS, rng, (30, 90))
     grants = [e for e in events if type(e) is Grant]
     print(f"leases: {len(grants)} grants, {sum(type(e) is Renewal for e in events)} renewals, "
           f"{sum(type(e) is Release for e in events)} releases on {len(LOCKS)} names, {KILLS} SIGKILLs")
