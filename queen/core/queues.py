@@ -722,24 +722,20 @@ class QueueTable:
         found = self._ack_target(item, now_ms)
         kind = found[0]
         if kind == "already":
-            if in_transaction and not self._lease_live(item, now_ms):
+            if in_transaction and not self.lease_live(item.lease_id, now_ms, item.group):
                 return "lease_lost", {"state": "completed"}
             return None
         if kind in ("lease_lost", "not_delivered"):
             return kind, {"state": found[1]}
         return None
 
-    def lease_live(self, lease_id: int, now_ms: int) -> bool:
+    def lease_live(self, lease_id: int, now_ms: int, group: str | None = None) -> bool:
+        """Whether the lease (of this shard's queues) is live, and of `group` when one is named."""
         entry = self.leases.get(lease_id)
-        return entry is not None and entry[2].expires_at_ms > now_ms
-
-    def _lease_live(self, item: AckItem, now_ms: int) -> bool:
-        name = self.shared.lease_queue.get(item.lease_id)
-        entry = self.leases.get(item.lease_id) if name is not None else None
         if entry is None:
             return False
         lease = entry[2]
-        return lease.expires_at_ms > now_ms and (item.group is None or item.group == lease.group)
+        return lease.expires_at_ms > now_ms and (group is None or group == lease.group)
 
     def check_push(self, item: PushItem, now_ms: int, growth: Growth) -> str | None:
         """Why push_one would refuse this push now, counting what earlier pushes of the same
