@@ -253,10 +253,13 @@ class ServerProcess:
     Stopped only by its own pid. `kill()` is SIGKILL (a crash); `stop()` is SIGTERM (a clean exit).
     """
 
-    def __init__(self, data_dir: str, *extra_args: str, env: dict | None = None, open_files_max: int | None = None):
+    def __init__(self, data_dir: str, *extra_args: str, env: dict | None = None, open_files_max: int | None = None,
+                 module: str = "queen"):
         """open_files_max: run the server under this open-file limit (soft and hard), as a host
-        with a tight `ulimit -n` would."""
+        with a tight `ulimit -n` would. module: what `python -m` runs; the fault suite passes its
+        own entry point, which wraps `queen serve` in test-only faults."""
         self.data_dir = data_dir
+        self.module = module
         self.extra_args = list(extra_args)
         self.env = env
         self.open_files_max = open_files_max
@@ -270,7 +273,7 @@ class ServerProcess:
         self._log = open(self.stderr_path, "ab")
         start_offset = self._log.tell()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "queen", "serve", "--host", "127.0.0.1", "--port", "0",
+            [sys.executable, "-m", self.module, "serve", "--host", "127.0.0.1", "--port", "0",
              "--data-dir", self.data_dir, *self.extra_args],
             stdout=subprocess.DEVNULL, stderr=self._log, env=env, preexec_fn=self._limit_open_files)
         deadline = time.monotonic() + timeout_s

@@ -58,6 +58,13 @@ Timers (`check_timers`):
   schedule of it was `version`; answered "cancelled", "absent" or "unknown".
 * `TimerDelivery(marker, created_at, message_id)`: a message the timer queue delivered, found by
   the marker in its payload; created_at is the message's createdAt (server clock).
+
+Lock-protected read-modify-write (`check_set_full`):
+
+* `Add(element, answered, invoked_at, completed_at)`: a holder read the list, and wrote it back
+  with its element appended, in a transaction guarded by its lock token. answered: "added" (the
+  step committed), "refused" (the guard failed: nothing written) or "unknown".
+* `Read(elements, invoked_at, completed_at)`: a read of the list (a tuple, in list order).
 """
 
 from __future__ import annotations
@@ -125,7 +132,9 @@ class _Holding:
         self.closed = False
 
     def window(self, tolerance_ms: int) -> tuple[float, float]:
-        last = max(self.answers, key=lambda answer: answer.completed_at)
+        # The latest answer; at one ms, the one recorded last (a renewal answered in the same ms as
+        # its grant replaces the grant's expiresAt, even when it is earlier).
+        last = max(enumerate(self.answers), key=lambda pair: (pair[1].completed_at, pair[0]))[1]
         told = _FOREVER if last.expires_at is None else last.expires_at
         end = told if self.end_at is None else min(told, self.end_at)
         return self.grant.completed_at, end - tolerance_ms
@@ -450,4 +459,48 @@ def check_timers(schedules: list[Schedule], cancels: list[Cancel], deliveries: l
                 continue
             if latest.marker not in fired:
                 violations.append({"kind": "never_fired", "schedule": _ev(latest), "end_ms": end_ms})
+    return violations
+
+
+# ---------------------------------------------------------------------------------------------
+# Lock-protected read-modify-write (Jepsen's set-full, for one list rewritten under a lock)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Add:
+    element: str
+    answered: str  # added / refused / unknown
+    invoked_at: int
+    completed_at: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Read:
+    elements: tuple
+    invoked_at: int
+    completed_at: int
+
+
+def check_set_full(adds: list[Add], reads: list[Read]) -> list[dict]:
+    """Check appends made under a lock's guard.
+
+    "lost": a read invoked after an add answered added completed lacks its element (two holders
+    overwrote each other's appends, or an acknowledged step was lost).
+    "unexpected": a read holds an element no add carried, or one whose add was refused (a step
+    whose guard failed wrote anyway).
+    "twice": a read holds an element more than once (an append applied twice)."""
+    violations: list[dict] = []
+    by_element = {add.element: add for add in adds}
+    for read in reads:
+        present = set(read.elements)
+        for element in present:
+            add = by_element.get(element)
+            if add is None or add.answered == "refused":
+                violations.append({"kind": "unexpected", "element": element, "add": add and _ev(add),
+                                   "read": _ev(read)})
+            if read.elements.count(element) > 1:
+                violations.append({"kind": "twice", "element": element, "read": _ev(read)})
+        for add in adds:
+            if add.answered == "added" and add.completed_at < read.invoked_at and add.element not in present:
+                violations.append({"kind": "lost", "add": _ev(add), "read": _ev(read)})
     return violations

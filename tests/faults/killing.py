@@ -1,6 +1,7 @@
 """What the SIGKILL workloads of the fault suite share: the server their clients talk to (whose port
 changes at each restart), a client that records an answer or an unknown outcome, and the loop that
-kills and restarts the server while the clients run.
+crashes and restarts the server while the clients run. A crash is a SIGKILL, or, when the server
+runs on a journaling disk (tests/faults/power.py), a SIGKILL followed by power loss.
 
 Nothing here sleeps for time to pass: clients wait on the real process (answers, restarts), and
 the killer waits on the clients' progress.
@@ -13,19 +14,38 @@ import json
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from queen.testing import ServerProcess
+from tests.faults.power import lose_power
 
 
 class Target:
-    """The server under test, as its clients find it across restarts."""
+    """The server under test, as its clients find it across restarts.
 
-    def __init__(self, server: ServerProcess):
+    journal: the server's power-loss journal (QUEEN_FAULT_JOURNAL), or None: crashes are then
+    SIGKILLs only. `faults` counts the crashes by kind."""
+
+    def __init__(self, server: ServerProcess, journal: str | None = None):
         self.server = server
+        self.journal = journal
         self.port = server.port
         self.restarted = threading.Event()
         self.stopped = threading.Event()
+        self.faults: Counter = Counter()
+
+    def crash(self, power_loss: bool) -> None:
+        """SIGKILL the server, drop what it never fsynced if power_loss, and start it again."""
+        self.server.kill()
+        if power_loss and self.journal is not None:
+            lose_power(self.server.data_dir, self.journal)
+            self.faults["power_loss"] += 1
+        else:
+            self.faults["sigkill"] += 1
+        self.server.start()
+        self.port = self.server.port
+        self.restarted.set()
 
     def wait_until_up(self, deadline_s: float = 30.0) -> None:
         """Until the (restarted) server answers its health check, or the run stops."""
@@ -44,9 +64,9 @@ class Target:
 
 
 class JsonClient:
-    """One keep-alive connection posting to one route; after a failure it waits for the server."""
+    """One keep-alive connection to the server; after a failure it waits for the server to be back."""
 
-    def __init__(self, target: Target, path: str):
+    def __init__(self, target: Target, path: str = "/"):
         self.target = target
         self.path = path
         self.connection = None
@@ -54,16 +74,23 @@ class JsonClient:
     def call(self, operation: dict) -> dict | None:
         """The route's first result for {"operations": [operation]}, or None when the server went
         away mid-call (the outcome is unknown)."""
+        answer = self.request("POST", self.path, {"operations": [operation]})
+        return None if answer is None else answer["results"][0]
+
+    def request(self, method: str, path: str, body: dict | None = None, timeout_s: float = 10) -> dict | None:
+        """The decoded 200 answer, or None when the server went away mid-call (outcome unknown)."""
         try:
             if self.connection is None:
-                self.connection = http.client.HTTPConnection("127.0.0.1", self.target.port, timeout=10)
-            self.connection.request("POST", self.path, json.dumps({"operations": [operation]}),
+                self.connection = http.client.HTTPConnection("127.0.0.1", self.target.port, timeout=timeout_s)
+            self.connection.request(method, path, None if body is None else json.dumps(body),
                                     {"content-type": "application/json"})
             response = self.connection.getresponse()
-            body = response.read()
+            data = response.read()
             if response.status != 200:
+                # Only a server going away refuses (503 while draining); anything else is a bug.
+                assert response.status == 503, (response.status, data[:300])
                 raise OSError(f"status {response.status}")
-            return json.loads(body)["results"][0]
+            return json.loads(data)
         except (OSError, http.client.HTTPException, ValueError):
             self.close()
             self.target.wait_until_up()
@@ -76,9 +103,10 @@ class JsonClient:
 
 
 def kill_while_running(target: Target, threads: list[threading.Thread], progress: Callable[[], int], kills: int,
-                       rng: random.Random, between: tuple[int, int]) -> None:
+                       rng: random.Random, between: tuple[int, int], power_loss_share: float = 0.5) -> None:
     """Start the client threads; `kills` times, once they have made a random number (in `between`)
-    more records, SIGKILL the server and restart it; then wait for the clients to finish."""
+    more records, crash the server (power loss in power_loss_share of them, when it has a journal)
+    and restart it; then wait for the clients to finish."""
     try:
         for thread in threads:
             thread.start()
@@ -87,10 +115,7 @@ def kill_while_running(target: Target, threads: list[threading.Thread], progress
             deadline = time.monotonic() + 30
             while progress() < goal and any(t.is_alive() for t in threads) and time.monotonic() < deadline:
                 threads[0].join(0.01)  # waiting on the clients' progress, not on time
-            target.server.kill()
-            target.server.start()
-            target.port = target.server.port
-            target.restarted.set()
+            target.crash(power_loss=rng.random() < power_loss_share)
         for thread in threads:
             thread.join(120)
     finally:

@@ -8,16 +8,19 @@ import pytest
 
 from tests.faults.checkers import (
     Ack,
+    Add,
     Cancel,
     Delivery,
     Grant,
     Loss,
     Push,
+    Read,
     Release,
     Renewal,
     Schedule,
     TimerDelivery,
     check_leases,
+    check_set_full,
     check_timers,
     check_total_queue,
 )
@@ -446,3 +449,44 @@ def test_model_histories_pass_and_a_moved_grant_is_caught(n_permits):
         broken = [early if e is second else e for e in events
                   if not (isinstance(e, Release) and e.owner == first.owner)]
         assert "slot_handed_over" in kinds(check_leases(broken, n_permits))
+
+
+# -- set-full ---------------------------------------------------------------------------------------
+
+
+def test_set_full_accepts_appends_seen_by_later_reads_and_refused_ones_absent():
+    adds = [Add(element="a", answered="added", invoked_at=0, completed_at=10),
+            Add(element="b", answered="refused", invoked_at=5, completed_at=12),
+            Add(element="c", answered="unknown", invoked_at=20, completed_at=30)]
+    reads = [Read(elements=(), invoked_at=0, completed_at=5),  # before a's step completed
+             Read(elements=("a",), invoked_at=11, completed_at=12),
+             Read(elements=("a", "c"), invoked_at=40, completed_at=41)]
+    assert check_set_full(adds, reads) == []
+
+
+def test_set_full_rejects_an_acknowledged_append_missing_from_a_later_read():
+    adds = [Add(element="a", answered="added", invoked_at=0, completed_at=10),
+            Add(element="b", answered="added", invoked_at=1, completed_at=11)]  # two holders at once
+    violations = check_set_full(adds, [Read(elements=("b",), invoked_at=20, completed_at=21)])
+    assert [v["kind"] for v in violations] == ["lost"] and violations[0]["add"]["element"] == "a"
+
+
+def test_set_full_rejects_a_refused_append_that_was_written_and_one_written_twice():
+    adds = [Add(element="a", answered="refused", invoked_at=0, completed_at=10),
+            Add(element="b", answered="added", invoked_at=11, completed_at=12)]
+    kinds = {v["kind"] for v in check_set_full(adds, [Read(elements=("a", "b", "b", "z"), invoked_at=20,
+                                                                completed_at=21)])}
+    assert kinds == {"unexpected", "twice"}
+
+
+def test_a_renewal_answered_in_the_same_ms_as_its_grant_sets_the_window_even_when_it_is_shorter():
+    events = [Grant(name="s", slot=1, owner="a", token=19, fence=19, invoked_at=1000, completed_at=1000,
+                    expires_at=4000),
+              Renewal(name="s", slot=1, owner="a", token=20, fence=19, invoked_at=1000, completed_at=1000,
+                      expires_at=2000),
+              Grant(name="s", slot=1, owner="b", token=30, fence=30, invoked_at=2500, completed_at=2500,
+                    expires_at=5000)]
+    assert check_leases(events, 2) == []
+    # and the window does end at the renewal's expiresAt: a grant inside it is still caught
+    inside = [*events[:2], dataclasses.replace(events[2], invoked_at=1500, completed_at=1500)]
+    assert check_leases(inside, 2)

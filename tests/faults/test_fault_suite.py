@@ -1,0 +1,30 @@
+"""The fault suite's CI subset: each workload against a real server crashed by SIGKILL and by power
+loss, with 0 violations expected; and each negative control (a server with a deliberate bug),
+which must be caught. `python -m tests.faults --minutes N` runs the same, longer (the soak)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.faults.controls import CONTROLS, run_control
+from tests.faults.workloads import OUTCOMES, WORKLOADS
+
+# (kills, scale) of each workload in CI: a few crashes each, a few seconds each.
+CI_RUNS = {"kv": (4, 1.0), "locks": (3, 0.3), "queues": (3, 0.4), "timers": (3, 1.0)}
+SEED = 20261201
+
+
+@pytest.mark.parametrize("name", sorted(CI_RUNS))
+def test_workload_keeps_its_promises_across_crashes_and_power_loss(tmp_path, name):
+    kills, scale = CI_RUNS[name]
+    outcome = WORKLOADS[name](str(tmp_path), SEED, kills=kills, scale=scale)
+    OUTCOMES.append((outcome, None))
+    assert outcome.violations == [], outcome.violations[:3]
+    assert sum(outcome.faults.values()) == kills and outcome.ops > 100, outcome.summary()
+
+
+@pytest.mark.parametrize("control", sorted(CONTROLS))
+def test_negative_control_is_caught(tmp_path, control):
+    outcome = run_control(control, str(tmp_path), SEED)
+    OUTCOMES.append((outcome, bool(outcome.violations)))
+    assert outcome.violations, f"the suite did not catch {control}: {outcome.summary()}"

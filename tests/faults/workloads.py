@@ -1,0 +1,499 @@
+"""The fault suite's workloads: concurrent clients of a real server that is crashed (SIGKILL, or
+SIGKILL and power loss) and restarted under them, each history handed to its checker.
+
+Each workload is `run_<name>(work_dir, seed, kills, control="", scale=1.0) -> Outcome`: it starts
+its own server (tests/faults/sut.py) in work_dir, drives it, stops it, and checks. Everything
+random comes from `seed`; the moments of the crashes depend on the real process too, so a seed
+replays the same workload and the same crash plan, not the same interleaving.
+
+- kv: reads, writes, compare-and-set and counters on a few keys; linearizable per key (P1, P2).
+- locks: a lock and a 2-permit semaphore; holders renew, release, or walk away and let the lease
+  run out; each holder appends itself to a list under its lock's guard. Never more holders than
+  permits inside the leases they were told, tokens and fences rising (P2, P3, P6), and no
+  guarded append lost or taken twice (set-full, P4).
+- queues: producers push unique transactionIds, retrying some; consumers pop, ack completed or
+  failed, or walk away from their lease. Nothing acknowledged lost, no duplicate, nothing
+  delivered after its completion, and no partition leased to two consumers at once (P1, P6).
+- timers: keys scheduled, moved and cancelled; the timer queue consumed. Never early, exactly
+  once, never after a cancel or a move (P1, P5).
+
+Times are the wall clock in ms on both sides (one machine); checkers allow TOLERANCE_MS. Nothing
+sleeps for time to pass: clients wait on the real process (answers, long polls, restarts).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from queen.testing import ServerProcess
+from tests.faults.checkers import (Ack, Add, Cancel, Delivery, Grant, Push, Read, Release, Renewal, Schedule,
+                                   TimerDelivery, check_leases, check_set_full, check_timers, check_total_queue)
+from tests.faults.killing import JsonClient, Target, kill_while_running
+from tests.faults.linearizability import Op, check_history
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOLERANCE_MS = 10
+# Small segments and frequent snapshots, so runs cross segment cuts (new files, directory fsyncs)
+# and snapshot rewrites, not only appends.
+SERVER_ARGS = ("--segment-bytes-max", str(256 << 10), "--snapshot-wal-bytes", str(128 << 10))
+
+
+@dataclass
+class Outcome:
+    """What one run of a workload did and found."""
+
+    workload: str
+    seed: int
+    control: str = ""
+    ops: int = 0
+    histories: int = 0
+    faults: Counter = field(default_factory=Counter)
+    violations: list = field(default_factory=list)
+    promises: tuple = ()
+    detail: str = ""
+
+    def summary(self) -> str:
+        faults = ", ".join(f"{n} {kind}" for kind, n in sorted(self.faults.items())) or "no crash"
+        return (f"{self.workload} seed={self.seed}{' control=' + self.control if self.control else ''}: "
+                f"{self.ops} ops, {self.histories} histories, {faults}, {len(self.violations)} violations "
+                f"[{' '.join(self.promises)}] {self.detail}").rstrip()
+
+
+# The runs of this process, (outcome, caught): caught is None for a workload run, True or False
+# for a negative control. The pytest summary (tests/faults/conftest.py) prints them.
+OUTCOMES: list = []
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def start_target(work_dir: str, control: str = "", power: bool = True, env: dict | None = None) -> Target:
+    """A server under test in work_dir/data, its power-loss journal in work_dir/journal."""
+    journal = os.path.join(work_dir, "journal") if power else None
+    server_env = {"PYTHONPATH": REPO, "QUEEN_FAULT_CONTROL": control, **(env or {})}
+    if journal:
+        server_env["QUEEN_FAULT_JOURNAL"] = journal
+    server = ServerProcess(os.path.join(work_dir, "data"), *SERVER_ARGS, env=server_env, module="tests.faults.sut")
+    return Target(server.start(), journal)
+
+
+class Clients:
+    """Client threads whose exceptions are kept (a thread's assert must fail the run, not vanish)."""
+
+    def __init__(self):
+        self.threads: list[threading.Thread] = []
+        self.errors: list[str] = []
+
+    def add(self, fn, *args) -> None:
+        def run():
+            try:
+                fn(*args)
+            except BaseException as error:  # noqa: BLE001 - reported as a violation
+                self.errors.append(f"{fn.__name__}: {error!r}")
+
+        self.threads.append(threading.Thread(target=run, daemon=True))
+
+
+def _finish(outcome: Outcome, target: Target, clients: Clients) -> Outcome:
+    outcome.faults.update(target.faults)
+    outcome.violations += [{"kind": "client_error", "error": error} for error in clients.errors]
+    return outcome
+
+
+# -- KV ------------------------------------------------------------------------------------------
+
+REGISTERS = ("r0", "r1", "r2")
+COUNTER = "c0"
+
+
+def _kv_op(rng: random.Random, process: int, n: int, seen: dict) -> tuple[str, str, dict, dict]:
+    """(kind, key, args for the checker, the wire operation)."""
+    if rng.random() < 0.25:
+        if rng.random() < 0.5:
+            return "get", COUNTER, {}, {"op": "get", "ns": "f", "key": COUNTER}
+        return "incr", COUNTER, {"by": 1}, {"op": "incr", "ns": "f", "key": COUNTER, "by": 1, "forever": True}
+    key = rng.choice(REGISTERS)
+    roll = rng.random()
+    value = f"p{process}-{n}"
+    if roll < 0.45:
+        return "get", key, {}, {"op": "get", "ns": "f", "key": key}
+    if roll < 0.75:
+        return "put", key, {"value": value}, {"op": "put", "ns": "f", "key": key, "value": value, "forever": True}
+    if roll < 0.9:
+        expect = seen.get(key, 0)
+        return ("put", key, {"value": value, "expect": expect},
+                {"op": "put", "ns": "f", "key": key, "value": value, "expect": expect, "forever": True})
+    return "delete", key, {}, {"op": "delete", "ns": "f", "key": key}
+
+
+def run_kv(work_dir: str, seed: int, kills: int = 3, control: str = "", scale: float = 1.0,
+        power_loss_share: float = 0.5) -> Outcome:
+    rng = random.Random(seed)
+    ops: list[Op] = []
+    lock = threading.Lock()
+    per_client = int(150 * scale)
+
+    def client(target: Target, process: int) -> None:
+        crng = random.Random(seed * 31 + process)
+        seen: dict[str, int] = {}
+        connection = JsonClient(target, "/api/v1/kv")
+        for n in range(per_client):
+            kind, key, args, wire = _kv_op(crng, process, n, seen)
+            invoke = time.monotonic()
+            result = connection.call(wire)
+            if result is None:  # unknown outcome (a read's is simply dropped: it changed nothing)
+                if kind != "get":
+                    with lock:
+                        ops.append(Op(process, kind, key, args, invoke, None, None))
+                continue
+            with lock:
+                ops.append(Op(process, kind, key, args, invoke, time.monotonic(), result))
+            if "version" in result and result.get("found", result.get("applied", True)):
+                seen[key] = result["version"]
+        connection.close()
+
+    target = start_target(work_dir, control)
+    clients = Clients()
+    for process in range(4):
+        clients.add(client, target, process)
+    kill_while_running(target, clients.threads, lambda: len(ops), kills, rng, (40, 120),
+                       power_loss_share)
+    outcome = Outcome("kv", seed, control, ops=len(ops), promises=("P1", "P2"))
+    for key, result in check_history(ops).items():
+        outcome.histories += 1
+        if not (result.ok and result.decided):
+            outcome.violations.append({"kind": "not_linearizable", "key": key, "reason": result.reason})
+    outcome.detail = f"({sum(op.complete is None for op in ops)} of unknown outcome)"
+    return _finish(outcome, target, clients)
+
+
+# -- locks and semaphores ------------------------------------------------------------------------
+
+LOCKS = {"l": 1, "s": 2}
+
+
+def run_locks(work_dir: str, seed: int, kills: int = 3, control: str = "", scale: float = 1.0,
+        power_loss_share: float = 0.5) -> Outcome:
+    rng = random.Random(seed)
+    events: list = []
+    # One list per permit (name#slot): a permit's holders follow each other, a semaphore's two
+    # permits may be held at once.
+    lists = [f"{name}#{slot}" for name, permits in LOCKS.items() for slot in range(permits)]
+    adds: dict[str, list] = {key: [] for key in lists}
+    reads: dict[str, list] = {key: [] for key in lists}
+    lock = threading.Lock()
+    attempts = int(60 * scale)
+
+    def client(target: Target, process: int) -> None:
+        crng = random.Random(seed * 17 + process)
+        locks = JsonClient(target, "/api/v1/locks")
+        kv = JsonClient(target)
+        for attempt in range(attempts):
+            name = crng.choice(sorted(LOCKS))
+            owner = f"p{process}-{attempt}"  # a fresh owner per attempt: a lost grant is a holder nobody knows
+            walk_away = crng.random() < 0.15
+            ttl_s = 1 if walk_away else 2
+            invoked = now_ms()
+            got = locks.call({"op": "acquire", "name": name, "ttlSeconds": ttl_s, "owner": owner,
+                              "limit": LOCKS[name], "waitMs": 3000})  # parked on the server until a permit frees
+            completed = now_ms()
+            if got is None or not got.get("acquired"):
+                continue
+            slot, token = got["slot"], got["token"]
+            mine = [Grant(name=name, slot=slot, owner=owner, token=token, fence=got["fence"], invoked_at=invoked,
+                          completed_at=completed, expires_at=got["expiresAt"], already=bool(got.get("already")))]
+            if walk_away:  # holds its lease to the end without a word: the next holder waits for expiry
+                with lock:
+                    events.extend(mine)
+                continue
+            for _ in range(crng.randrange(0, 3)):
+                invoked = now_ms()
+                renewed = locks.call({"op": "renew", "name": name, "slot": slot, "token": token, "ttlSeconds": ttl_s,
+                                      "owner": owner})
+                completed = now_ms()
+                if renewed is None or not renewed.get("renewed"):
+                    break
+                token = renewed["token"]
+                mine.append(Renewal(name=name, slot=slot, owner=owner, token=token, fence=renewed["fence"],
+                                    invoked_at=invoked, completed_at=completed, expires_at=renewed["expiresAt"]))
+            # Read-modify-write of the name's list, the write under the guard of the latest token.
+            permit = f"{name}#{slot}"
+            key = f"members-{permit}"
+            invoked = now_ms()
+            read = kv.request("POST", "/api/v1/kv", {"operations": [{"op": "get", "ns": "f", "key": key}]})
+            if read is not None:
+                row = read["results"][0]
+                members = row["value"] if row.get("found") else []
+                reads[permit].append(Read(elements=tuple(members), invoked_at=invoked, completed_at=now_ms()))
+                guard = {"op": "check", "ns": "queen-locks", "key": permit, "expect": token}
+                invoked = now_ms()
+                step = kv.request("POST", "/api/v1/transaction", {"kv": [
+                    guard, {"op": "put", "ns": "f", "key": key, "value": [*members, owner], "forever": True}]})
+                answered = "unknown" if step is None else "added" if step["success"] else "refused"
+                with lock:
+                    adds[permit].append(Add(element=owner, answered=answered, invoked_at=invoked, completed_at=now_ms()))
+            invoked = now_ms()
+            released = locks.call({"op": "release", "name": name, "slot": slot, "token": token, "owner": owner})
+            answered = "unknown" if released is None else ("released" if released.get("released") else released["reason"])
+            mine.append(Release(name=name, slot=slot, owner=owner, invoked_at=invoked, completed_at=now_ms(),
+                                answered=answered))
+            with lock:
+                events.extend(mine)
+        locks.close()
+        kv.close()
+
+    target = start_target(work_dir, control)
+    clients = Clients()
+    for process in range(4):
+        clients.add(client, target, process)
+    kill_while_running(target, clients.threads, lambda: len(events), kills, rng, (20, 60),
+                       power_loss_share)
+    # A last read of each list, after everything: every append answered "added" must be in it.
+    final = JsonClient(target)
+    target.server.start()
+    target.port = target.server.port
+    for permit in lists:
+        invoked = now_ms()
+        row = final.request("POST", "/api/v1/kv", {"operations": [{"op": "get", "ns": "f", "key": f"members-{permit}"}]})
+        row = row["results"][0]
+        reads[permit].append(Read(elements=tuple(row["value"] if row.get("found") else ()), invoked_at=invoked,
+                                completed_at=now_ms()))
+    final.close()
+    target.server.stop()
+    grants = sum(type(e) is Grant for e in events)
+    outcome = Outcome("locks", seed, control, ops=len(events) + sum(map(len, adds.values())),
+                      promises=("P2", "P3", "P4", "P6"))
+    for name, permits in LOCKS.items():
+        outcome.histories += 1
+        outcome.violations += check_leases([e for e in events if e.name == name], permits, tolerance_ms=TOLERANCE_MS)
+    for permit in lists:
+        outcome.histories += 1
+        outcome.violations += check_set_full(adds[permit], reads[permit])
+    outcome.detail = f"({grants} grants, {sum(a.answered == 'added' for v in adds.values() for a in v)} guarded appends)"
+    return _finish(outcome, target, clients)
+
+
+# -- queues --------------------------------------------------------------------------------------
+
+QUEUE = "fq"
+
+
+def run_queues(work_dir: str, seed: int, kills: int = 3, control: str = "", scale: float = 1.0,
+        power_loss_share: float = 0.5) -> Outcome:
+    rng = random.Random(seed)
+    pushes: list[Push] = []
+    deliveries: list[Delivery] = []
+    acks: list[Ack] = []
+    leases: list = []  # Grant/Release per partition lease, judged by check_leases
+    lock = threading.Lock()
+    produced = threading.Event()
+    batches = int(30 * scale)
+
+    def producer(target: Target) -> None:
+        prng = random.Random(seed * 13)
+        client = JsonClient(target)
+        for b in range(batches):
+            items = [{"queue": QUEUE, "partition": f"p{n % 3}", "payload": {"n": n},
+                      "transactionId": f"m-{b * 10 + n}"} for n in range(10)]
+            for _ in range(2 if prng.random() < 0.2 else 1):  # a producer that retries after a lost answer
+                answer = client.request("POST", "/api/v1/push", {"items": items})
+                with lock:
+                    for n, item in enumerate(items):
+                        if answer is None:
+                            pushes.append(Push(transaction_id=item["transactionId"], status="unknown"))
+                        else:
+                            pushes.append(Push(transaction_id=item["transactionId"], status=answer[n]["status"],
+                                               message_id=answer[n]["messageId"]))
+        produced.set()
+        client.close()
+
+    def consume_once(client: JsonClient, crng: random.Random, wait_ms: int) -> bool:
+        """One pop and its acks; False when the pop found nothing (or the server went away)."""
+        invoked = now_ms()
+        answer = client.request("GET", f"/api/v1/pop/queue/{QUEUE}?batch=5&waitMs={wait_ms}",
+                                timeout_s=10 + wait_ms / 1000)
+        completed = now_ms()
+        if answer is None or not answer["success"]:
+            return False
+        lease_id = answer["leaseId"]
+        partition = answer["partition"]
+        record = [Grant(name=partition, slot=0, owner=str(lease_id), token=lease_id, fence=lease_id,
+                        invoked_at=invoked, completed_at=completed, expires_at=answer["expiresAt"])]
+        got = [Delivery(transaction_id=m["transactionId"], message_id=m["messageId"], offset=m["offset"],
+                        partition=m["partition"], retry_count=m["retryCount"], lease_id=str(lease_id), at=invoked)
+               for m in answer["messages"]]
+        done: list[Ack] = []
+        for n, message in enumerate(answer["messages"]):
+            roll = crng.random()
+            if roll < 0.08:
+                break  # walks away: the rest stays leased until the lease runs out
+            status = "failed" if roll < 0.16 else "completed"
+            invoked = now_ms()
+            result = client.request("POST", "/api/v1/ack", {"partitionId": message["partitionId"],
+                                                             "leaseId": lease_id, "offset": message["offset"],
+                                                             "status": status})
+            if result is None:
+                answer_text = "unknown"
+            elif result["success"]:
+                answer_text = "already" if result.get("already") else "success"
+            else:
+                answer_text = result.get("reason", "lease_lost")
+            done.append(Ack(transaction_id=message["transactionId"], lease_id=str(lease_id), status=status,
+                            answer=answer_text, at=now_ms()))
+            last = n == len(answer["messages"]) - 1
+            if result is None or status == "failed" or last or answer_text != "success":
+                # The lease ends here (a failed ack, the last message, or a lost answer: stop relying on it).
+                record.append(Release(name=partition, slot=0, owner=str(lease_id), invoked_at=invoked,
+                                      completed_at=now_ms(), answered=answer_text))
+                break
+        with lock:
+            deliveries.extend(got)
+            acks.extend(done)
+            leases.extend(record)
+        return True
+
+    def consumer(target: Target, process: int) -> None:
+        crng = random.Random(seed * 7 + process)
+        client = JsonClient(target)
+        while not produced.is_set():
+            consume_once(client, crng, 200)
+        client.close()
+
+    target = start_target(work_dir, control)
+    with_queue = JsonClient(target)
+    assert with_queue.request("POST", "/api/v1/configure", {"queue": QUEUE, "options": {
+        "leaseTimeSeconds": 1, "retryLimit": 1000}})["configured"]
+    clients = Clients()
+    clients.add(producer, target)
+    for process in range(2):
+        clients.add(consumer, target, process)
+    kill_while_running(target, clients.threads, lambda: len(deliveries) + len(pushes), kills, rng, (40, 160),
+                       power_loss_share)
+    # Drain: pop until two long polls in a row (each longer than a lease) find nothing: every
+    # message is then resolved (an ack whose answer a crash lost may have completed it unseen).
+    target.server.start()
+    target.port = target.server.port
+    target.stopped.clear()
+    drng = random.Random(seed * 3)
+    wanted = {p.transaction_id for p in pushes if p.status in ("queued", "duplicate")}
+    empty = 0
+    for _ in range(400):
+        empty = 0 if consume_once(with_queue, drng, 1500) else empty + 1
+        if empty == 2:
+            break
+    with_queue.close()
+    target.server.stop()
+    outcome = Outcome("queues", seed, control, ops=len(pushes) + len(deliveries) + len(acks), promises=("P1", "P6"))
+    outcome.histories = 1 + len({g.name for g in leases})
+    outcome.violations += check_total_queue(pushes, deliveries, acks, drained=True)
+    for partition in sorted({g.name for g in leases}):
+        outcome.violations += check_leases([e for e in leases if e.name == partition], 1, tolerance_ms=TOLERANCE_MS)
+    outcome.detail = (f"({len(wanted)} acknowledged pushes, {len(deliveries)} deliveries, "
+                      f"{sum(type(e) is Grant for e in leases)} partition leases)")
+    return _finish(outcome, target, clients)
+
+
+# -- timers --------------------------------------------------------------------------------------
+
+TIMER_QUEUE = "ft"
+
+
+def run_timers(work_dir: str, seed: int, kills: int = 3, control: str = "", scale: float = 1.0,
+        power_loss_share: float = 0.5) -> Outcome:
+    rng = random.Random(seed)
+    schedules: list[Schedule] = []
+    cancels: list[Cancel] = []
+    fired: list[TimerDelivery] = []
+    lock = threading.Lock()
+    scheduled = threading.Event()
+    steps = int(80 * scale)
+    latest_at = [0]
+
+    def scheduler(target: Target, process: int) -> None:
+        srng = random.Random(seed * 11 + process)
+        client = JsonClient(target, "/api/v1/timers")
+        version: Counter = Counter()
+        for n in range(steps):
+            key = f"k{process}-{srng.randrange(30)}"
+            if srng.random() < 0.25 and version[key]:
+                invoked = now_ms()
+                result = client.call({"op": "cancel", "queue": TIMER_QUEUE, "key": key})
+                answered = "unknown" if result is None else "cancelled" if result["cancelled"] else "absent"
+                with lock:
+                    cancels.append(Cancel(key=key, version=version[key], answered=answered, invoked_at=invoked))
+                continue
+            version[key] += 1
+            marker = f"{key}.{version[key]}"
+            at = now_ms() + srng.randrange(20, 1500)
+            latest_at[0] = max(latest_at[0], at)
+            invoked = now_ms()
+            result = client.call({"op": "schedule", "queue": TIMER_QUEUE, "key": key, "at": at,
+                                  "partition": f"p{n % 3}", "payload": {"m": marker}})
+            answered = "unknown" if result is None else "scheduled" if result["scheduled"] else result["reason"]
+            with lock:
+                schedules.append(Schedule(queue=TIMER_QUEUE, key=key, version=version[key], at=at, marker=marker,
+                                          answered=answered, invoked_at=invoked, completed_at=now_ms()))
+        client.close()
+
+    def consume_once(client: JsonClient, wait_ms: int) -> bool:
+        answer = client.request("GET", f"/api/v1/pop/queue/{TIMER_QUEUE}?batch=50&partitions=3&autoAck=true"
+                                f"&waitMs={wait_ms}", timeout_s=10 + wait_ms / 1000)
+        if answer is None or not answer["success"]:
+            return False
+        with lock:
+            fired.extend(TimerDelivery(marker=m["data"]["m"], created_at=m["createdAt"], message_id=m["messageId"])
+                         for m in answer["messages"])
+        return True
+
+    def consumer(target: Target) -> None:
+        client = JsonClient(target)
+        while not scheduled.is_set():
+            consume_once(client, 200)
+        client.close()
+
+    def schedulers_then_done(target: Target) -> None:
+        inner = Clients()
+        for process in range(2):
+            inner.add(scheduler, target, process)
+        for thread in inner.threads:
+            thread.start()
+        for thread in inner.threads:
+            thread.join()
+        scheduled.set()
+        if inner.errors:
+            raise AssertionError(inner.errors)
+
+    target = start_target(work_dir, control)
+    clients = Clients()
+    clients.add(schedulers_then_done, target)
+    clients.add(consumer, target)
+    kill_while_running(target, clients.threads, lambda: len(schedules) + len(cancels) + len(fired), kills, rng, (20, 80),
+                       power_loss_share)
+    target.server.start()
+    target.port = target.server.port
+    client = JsonClient(target)
+    # Everything due has fired once the clock is past the last `at` and a long poll comes back empty.
+    end_ms = 0
+    for _ in range(200):
+        invoked = now_ms()
+        if not consume_once(client, 500) and invoked > latest_at[0] + 500:
+            end_ms = invoked - 300  # fires run within a tick or two of their time
+            break
+    client.close()
+    target.server.stop()
+    outcome = Outcome("timers", seed, control, ops=len(schedules) + len(cancels) + len(fired), histories=1,
+                      promises=("P1", "P5"))
+    outcome.violations += check_timers(schedules, cancels, fired, end_ms=end_ms, tolerance_ms=TOLERANCE_MS)
+    if not end_ms:
+        outcome.violations.append({"kind": "not_drained", "latest_at": latest_at[0]})
+    outcome.detail = f"({len(schedules)} schedules, {len(cancels)} cancels, {len(fired)} fired)"
+    return _finish(outcome, target, clients)
+
+
+WORKLOADS = {"kv": run_kv, "locks": run_locks, "queues": run_queues, "timers": run_timers}
