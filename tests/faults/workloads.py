@@ -31,8 +31,23 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from queen.testing import ServerProcess
-from tests.faults.checkers import (Ack, Add, Cancel, Delivery, Grant, Push, Read, Release, Renewal, Schedule,
-                                   TimerDelivery, check_leases, check_set_full, check_timers, check_total_queue)
+from tests.faults.checkers import (
+    Ack,
+    Add,
+    Cancel,
+    Delivery,
+    Grant,
+    Push,
+    Read,
+    Release,
+    Renewal,
+    Schedule,
+    TimerDelivery,
+    check_leases,
+    check_set_full,
+    check_timers,
+    check_total_queue,
+)
 from tests.faults.killing import JsonClient, Target, kill_while_running
 from tests.faults.linearizability import Op, check_history
 
