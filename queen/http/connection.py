@@ -329,7 +329,10 @@ class HttpServer:
                 idle[connection] = None
                 pending = await _receive(sock)
                 idle.pop(connection, None)
-                if not pending:
+                if not pending or connection.evicted:
+                    # Evicted to make room after its request arrived but before this task ran on:
+                    # it is no longer counted, so it must not run a request (a parked acquire
+                    # would be granted to a client whose connection is already closed).
                     return
             try:
                 simple = parse_simple_request(pending, config)

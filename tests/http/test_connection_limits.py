@@ -52,6 +52,42 @@ async def test_at_the_limit_with_none_idle_a_new_connection_gets_503(tmp_path, a
         assert server.http.connections_refused == 1
 
 
+async def test_a_connection_evicted_after_its_request_arrived_does_not_run_it(tmp_path, autojump_clock, monkeypatch):
+    """A new connection can evict an idle one after that one's request has arrived but before its
+    task has run on (the accept loop ran first). The evicted connection is no longer counted and
+    its socket is closed, so its request must not run: here a waiting acquire, which would be
+    granted to a client that is gone and hold the lock for its whole lease."""
+    import queen.http.connection as connection_module
+
+    real_receive = connection_module._receive
+    async with open_server(tmp_path / "d") as server:
+        holder = (await HttpClient(server.port).locks(
+            {"op": "acquire", "name": "busy", "ttlSeconds": 60, "owner": "holder"}))[0]
+        await trio.testing.wait_all_tasks_blocked()
+
+        async def receive_then_evicted(sock):
+            data = await real_receive(sock)
+            if b"ghost" in data:  # the accept loop's eviction lands in this window
+                assert server.http._close_longest_idle()
+            return data
+
+        monkeypatch.setattr(connection_module, "_receive", receive_then_evicted)
+        ghost = await trio.open_tcp_stream("127.0.0.1", server.port)
+        await trio.testing.wait_all_tasks_blocked()
+        body = b'{"operations":[{"op":"acquire","name":"busy","ttlSeconds":60,"owner":"ghost","waitMs":10000}]}'
+        await ghost.send_all(b"POST /api/v1/locks HTTP/1.1\r\nhost: q\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        assert await read_until_closed(ghost) == b""  # closed unanswered: as if evicted a moment earlier
+        monkeypatch.setattr(connection_module, "_receive", real_receive)
+        client = HttpClient(server.port)
+        [released] = await client.locks({"op": "release", "name": "busy", "slot": 0, "token": holder["token"],
+                                         "owner": "holder"})
+        assert released["released"] is True
+        [got] = await client.locks({"op": "get", "name": "busy"})
+        assert got["holders"] == [], got  # nobody was waiting for it
+        assert server.http.idle_closed == 1 and server.http.connections == 1
+
+
 async def test_a_client_that_never_reads_its_answers_is_cut_off_after_the_send_timeout(tmp_path, autojump_clock):
     async with open_server(tmp_path / "d", send_timeout_s=5) as server:
         client = HttpClient(server.port)
