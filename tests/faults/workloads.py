@@ -90,6 +90,7 @@ def now_ms() -> int:
 
 def start_target(work_dir: str, control: str = "", power: bool = True, env: dict | None = None) -> Target:
     """A server under test in work_dir/data, its power-loss journal in work_dir/journal."""
+    os.makedirs(work_dir, exist_ok=True)
     journal = os.path.join(work_dir, "journal") if power else None
     server_env = {"PYTHONPATH": REPO, "QUEEN_FAULT_CONTROL": control, **(env or {})}
     if journal:
@@ -148,7 +149,7 @@ def _kv_op(rng: random.Random, process: int, n: int, seen: dict) -> tuple[str, s
 
 
 def run_kv(work_dir: str, seed: int, kills: int = 3, control: str = "", scale: float = 1.0,
-        power_loss_share: float = 0.5) -> Outcome:
+        power_loss_share: float = 0.5, failpoint_share: float = 0.4) -> Outcome:
     rng = random.Random(seed)
     ops: list[Op] = []
     lock = threading.Lock()
@@ -178,7 +179,7 @@ def run_kv(work_dir: str, seed: int, kills: int = 3, control: str = "", scale: f
     for process in range(4):
         clients.add(client, target, process)
     kill_while_running(target, clients.threads, lambda: len(ops), kills, rng, (40, 120),
-                       power_loss_share)
+                       power_loss_share, failpoint_share)
     outcome = Outcome("kv", seed, control, ops=len(ops), promises=("P1", "P2"))
     for key, result in check_history(ops).items():
         outcome.histories += 1
@@ -194,7 +195,7 @@ LOCKS = {"l": 1, "s": 2}
 
 
 def run_locks(work_dir: str, seed: int, kills: int = 3, control: str = "", scale: float = 1.0,
-        power_loss_share: float = 0.5) -> Outcome:
+        power_loss_share: float = 0.5, failpoint_share: float = 0.4) -> Outcome:
     rng = random.Random(seed)
     events: list = []
     # One list per permit (name#slot): a permit's holders follow each other, a semaphore's two
@@ -268,7 +269,7 @@ def run_locks(work_dir: str, seed: int, kills: int = 3, control: str = "", scale
     for process in range(4):
         clients.add(client, target, process)
     kill_while_running(target, clients.threads, lambda: len(events), kills, rng, (20, 60),
-                       power_loss_share)
+                       power_loss_share, failpoint_share)
     # A last read of each list, after everything: every append answered "added" must be in it.
     final = JsonClient(target)
     target.server.start()
@@ -300,7 +301,7 @@ QUEUE = "fq"
 
 
 def run_queues(work_dir: str, seed: int, kills: int = 3, control: str = "", scale: float = 1.0,
-        power_loss_share: float = 0.5) -> Outcome:
+        power_loss_share: float = 0.5, failpoint_share: float = 0.4) -> Outcome:
     rng = random.Random(seed)
     pushes: list[Push] = []
     deliveries: list[Delivery] = []
@@ -389,7 +390,7 @@ def run_queues(work_dir: str, seed: int, kills: int = 3, control: str = "", scal
     for process in range(2):
         clients.add(consumer, target, process)
     kill_while_running(target, clients.threads, lambda: len(deliveries) + len(pushes), kills, rng, (40, 160),
-                       power_loss_share)
+                       power_loss_share, failpoint_share)
     # Drain: pop until two long polls in a row (each longer than a lease) find nothing: every
     # message is then resolved (an ack whose answer a crash lost may have completed it unseen).
     target.server.start()
@@ -420,7 +421,7 @@ TIMER_QUEUE = "ft"
 
 
 def run_timers(work_dir: str, seed: int, kills: int = 3, control: str = "", scale: float = 1.0,
-        power_loss_share: float = 0.5) -> Outcome:
+        power_loss_share: float = 0.5, failpoint_share: float = 0.4) -> Outcome:
     rng = random.Random(seed)
     schedules: list[Schedule] = []
     cancels: list[Cancel] = []
@@ -489,7 +490,7 @@ def run_timers(work_dir: str, seed: int, kills: int = 3, control: str = "", scal
     clients.add(schedulers_then_done, target)
     clients.add(consumer, target)
     kill_while_running(target, clients.threads, lambda: len(schedules) + len(cancels) + len(fired), kills, rng, (20, 80),
-                       power_loss_share)
+                       power_loss_share, failpoint_share)
     target.server.start()
     target.port = target.server.port
     client = JsonClient(target)
