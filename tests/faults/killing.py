@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import signal
 import threading
 import time
 from collections import Counter
@@ -42,6 +43,7 @@ class Target:
         self.faults: Counter = Counter()
         self.env = dict(server.env or {})
         self.armed: str | None = None  # the failpoint of the running server, if any
+        self.unexpected_exits: list[dict] = []  # the server died, and not at its failpoint: a violation
 
     def died(self) -> bool:
         """The server killed itself at its failpoint."""
@@ -50,7 +52,14 @@ class Target:
     def crash(self, power_loss: bool, failpoint: tuple[str, int] | None = None) -> None:
         """SIGKILL the server (unless its failpoint did), drop what it never fsynced if
         power_loss, and start it again, armed with `failpoint` (point, n) if one is given."""
-        kind = f"failpoint_{self.armed}" if self.armed and self.died() else "sigkill"
+        kind = "sigkill"
+        if self.died():
+            code = self.server.process.returncode
+            if self.armed and code == -signal.SIGKILL:
+                kind = f"failpoint_{self.armed}"
+            else:
+                self.unexpected_exits.append({"kind": "server_exited", "returncode": code, "armed": self.armed,
+                                              "log_tail": self.server.log_text()[-2000:]})
         self.server.kill()
         self._lose_power_or_not(kind, power_loss)
         while True:
@@ -60,7 +69,7 @@ class Target:
                 self.server.start()
                 break
             except RuntimeError:
-                if not (failpoint and self.died() and self.server.process.returncode == -9):
+                if not (failpoint and self.died() and self.server.process.returncode == -signal.SIGKILL):
                     raise
                 # The failpoint was reached during recovery, before the server listened: that
                 # is a crash too; start again without it.

@@ -4,10 +4,12 @@ which must be caught. `python -m tests.faults --minutes N` runs the same, longer
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from tests.faults.controls import CONTROLS, run_control
-from tests.faults.workloads import OUTCOMES, WORKLOADS
+from tests.faults.workloads import OUTCOMES, WORKLOADS, start_target
 
 # (kills, scale) of each workload in CI: a few crashes each, a few seconds each.
 CI_RUNS = {"kv": (4, 1.0), "locks": (3, 0.3), "queues": (3, 0.4), "timers": (3, 1.0)}
@@ -29,3 +31,21 @@ def test_negative_control_is_caught(tmp_path, control):
     outcome = run_control(control, str(tmp_path), SEED)
     OUTCOMES.append((outcome, bool(outcome.violations)))
     assert outcome.violations, f"the suite did not catch {control}: {outcome.summary()}"
+
+
+def test_a_server_that_dies_on_its_own_is_a_violation_not_a_crash_of_ours(tmp_path):
+    """The kill loop counts a crash it (or an armed failpoint) caused; a server found dead
+    otherwise, here one that exited by itself, is reported, never counted as a SIGKILL."""
+    target = start_target(str(tmp_path))
+    try:
+        target.server.process.send_signal(signal.SIGTERM)  # a clean exit the loop did not ask for
+        target.server.process.wait(30)
+        target.crash(power_loss=False)
+        assert [(e["kind"], e["returncode"]) for e in target.unexpected_exits] == [("server_exited", 0)]
+        assert target.faults == {"sigkill": 1}  # the restart still happened, as a crash would
+        target.server.kill()  # and one at the failpoint it was armed with is a crash of ours
+        target.armed = "fsync"
+        target.crash(power_loss=True)
+        assert len(target.unexpected_exits) == 1 and target.faults["failpoint_fsync+power_loss"] == 1
+    finally:
+        target.server.kill()

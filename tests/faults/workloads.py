@@ -118,6 +118,7 @@ class Clients:
 
 def _finish(outcome: Outcome, target: Target, clients: Clients) -> Outcome:
     outcome.faults.update(target.faults)
+    outcome.violations += target.unexpected_exits
     outcome.violations += [{"kind": "client_error", "error": error} for error in clients.errors]
     return outcome
 
