@@ -17,6 +17,10 @@ QUEEN_FAULT_KILL_AT=<point>:<n>
     before the server listens.
 QUEEN_FAULT_WALL_OFFSET_MS=<ms>
     The server starts with its wall clock this far from the host's: a clock step across a restart.
+QUEEN_FAULT_WALL_STEP_FILE=<path>
+    The process's wall clock (time.time, time.time_ns) runs this far from the host's, read from
+    the file at every call: "+1h", "-1h", "+0" (hours with h, else seconds): a clock stepped while
+    the server runs, for machines without libfaketime. The monotonic clock is left alone.
 QUEEN_FAULT_CONTROL=<name>
     A deliberate bug, so the suite can show it catches it (a negative control):
       ack_before_fsync  an fsync makes the data durable only at the next fsync: answers go out first
@@ -91,6 +95,20 @@ def _killing_class(base):
     return type("KillingDisk", (base,), {point: then_die})
 
 
+def _step_wall_clock(step_file: str) -> None:
+    import time
+
+    real_time, real_time_ns = time.time, time.time_ns
+
+    def offset_s() -> float:
+        with open(step_file) as f:
+            text = f.read().strip()
+        return float(text[:-1]) * 3600 if text.endswith("h") else float(text)
+
+    time.time = lambda: real_time() + offset_s()
+    time.time_ns = lambda: real_time_ns() + int(offset_s() * 1e9)
+
+
 def install(argv: list[str]) -> None:
     control = os.environ.get("QUEEN_FAULT_CONTROL", "")
     assert control in CONTROLS + ("",), f"unknown control {control!r}"
@@ -123,6 +141,10 @@ def install(argv: list[str]) -> None:
             original_init(self, wall_at_start_ms)
 
         clock.Clock.__init__ = init
+
+    step_file = os.environ.get("QUEEN_FAULT_WALL_STEP_FILE")
+    if step_file:
+        _step_wall_clock(step_file)
 
     if control == "reuse_version":
         from queen.wal import recovery

@@ -324,20 +324,24 @@ def last_segment_cut_wall(server: ServerProcess) -> datetime:
     return datetime.strptime(lines[-1].split(" level=")[0].removeprefix("ts="), "%Y-%m-%d %H:%M:%S,%f")
 
 
-@pytest.mark.skipif(not os.path.exists(FAKETIME), reason="libfaketime is not installed (Debian package faketime)")
-def test_p5_p6_wall_clock_steps_while_running_move_no_lease_and_no_timer(tmp_path):
-    """The server runs under libfaketime, its wall clock stepped an hour ahead, then an hour behind
-    the host's, with the monotonic clock left alone. The server reads the wall clock once, at its
+@pytest.mark.parametrize("stepped_by", ["libfaketime", "sut"])
+def test_p5_p6_wall_clock_steps_while_running_move_no_lease_and_no_timer(tmp_path, stepped_by):
+    """The server runs with its wall clock stepped an hour ahead, then an hour behind the host's,
+    with the monotonic clock left alone: under libfaketime (every clock_gettime of the process),
+    and where that is not installed, by the test entry point's own step of Python's time.time. The server reads the wall clock once, at its
     start, and advances from there on the monotonic clock, so the steps move nothing it does:
     its answers' times stay on the host's clock, a 600 s lock stays held with the same expiresAt
     (a waiting acquire does not get it), a pending timer keeps its time, and a timer due in 1.5 s
     fires when it is due, not early, not an hour late. What the steps do move is the process's
     own wall clock, which its log lines' timestamps show: that is how the test knows the steps
     took effect (each forces a segment cut, which is logged)."""
+    if stepped_by == "libfaketime" and not os.path.exists(FAKETIME):
+        pytest.skip("libfaketime is not installed (Debian package faketime); the sut variant runs instead")
     stamp = tmp_path / "faketime"
     stamp.write_text("+0\n")
     env = {"LD_PRELOAD": FAKETIME, "FAKETIME_TIMESTAMP_FILE": str(stamp), "FAKETIME_NO_CACHE": "1",
-           "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+           "FAKETIME_DONT_FAKE_MONOTONIC": "1"} if stepped_by == "libfaketime" else {
+           "QUEEN_FAULT_WALL_STEP_FILE": str(stamp)}
     # 4 KiB segments: a 6 KiB write cuts one, and the cut is logged with the process's wall clock.
     server = sut(str(tmp_path / "data"), "--segment-bytes-max", "4096", env=env).start()
     try:
@@ -368,7 +372,7 @@ def test_p5_p6_wall_clock_steps_while_running_move_no_lease_and_no_timer(tmp_pat
         assert message["createdAt"] - due["at"] < CLOCK_SLACK_MS, "the timer fired late"
         again = api.ok("GET", "/api/v1/pop/queue/reminders/partition/p?waitMs=300")
         assert again["success"] is False, again  # once, and the later timer still waits
-        record("clock-step-running", api.calls, 3, ("P5", "P6"), {"clock_step": 2}, detail="libfaketime +1 h, -1 h")
+        record("clock-step-running", api.calls, 3, ("P5", "P6"), {"clock_step": 2}, detail=f"{stepped_by} +1 h, -1 h")
     finally:
         server.kill()
 
