@@ -29,6 +29,8 @@ from tests.faults.workloads import WORKLOADS
 # Crashes per run in the soak: many short cycles, so the count of restarts grows fast.
 SOAK_KILLS = {"kv": 12, "locks": 6, "queues": 8, "timers": 8}
 SOAK_SCALE = {"kv": 2.0, "locks": 0.6, "queues": 1.0, "timers": 1.0}
+# Seeds the simulation runs even when the workloads took all the time (a short soak).
+SIMULATION_SEEDS_MIN = 20
 
 
 def _one(args) -> int:
@@ -54,7 +56,7 @@ def _simulation(seconds: float, first_seed: int) -> dict | None:
     totals = {"seeds": 0, "ops": 0, "crashes": 0, "violations": 0, "failed_seeds": []}
     deadline = time.monotonic() + seconds
     seed = first_seed
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline or totals["seeds"] < SIMULATION_SEEDS_MIN:
         report = simulation.run_seed(seed)
         totals["seeds"] += 1
         totals["ops"] += report.ops
