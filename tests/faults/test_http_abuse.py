@@ -126,6 +126,19 @@ def hidden_put(key: str) -> bytes:
             b"content-length: %d\r\n\r\n%s" % (key.encode(), len(body), body))
 
 
+def assert_refused_and_closed(server: ServerProcess, what: str, request: bytes, status: int, code: str) -> None:
+    """request, sent whole on a new connection, is answered status with the error code, and the
+    server closes the connection after it."""
+    sock = connect(server)
+    try:
+        sock.sendall(request)
+        got, headers, body = read_response(sock)
+        assert got == status and error_of(body)["code"] == code, (what, got, body)
+        assert headers.get("connection") == "close" and closed_by_server(sock), what
+    finally:
+        sock.close()
+
+
 def assert_absent(server: ServerProcess, key: str) -> None:
     status, got = server.request("GET", f"/api/v1/kv/abuse/{key}")
     assert status == 200 and got["found"] is False, (key, got)
@@ -359,12 +372,7 @@ def test_p8_an_oversized_body_gets_413_and_writes_nothing(server):
                                    for i in range(0, len(chunked), 8192)) + b"0\r\n\r\n",
     }
     for key, request in requests.items():
-        sock = connect(server)
-        sock.sendall(request)
-        status, headers, body = read_response(sock)
-        assert status == 413 and error_of(body)["code"] == "body_too_large", (key, status, body)
-        assert headers.get("connection") == "close" and closed_by_server(sock), key
-        sock.close()
+        assert_refused_and_closed(server, key, request, 413, "body_too_large")
         assert_absent(server, key)
     assert_serves(server)
     record("http-oversized-body", len(requests) * 2 + 2, len(requests), ("P7", "P8"))
@@ -413,12 +421,7 @@ def test_p8_smuggling_shapes_get_400_and_close_and_nothing_hidden_runs(server):
     and the KV put hidden in it never runs."""
     shapes = smuggling_shapes()
     for key, request in shapes.items():
-        sock = connect(server)
-        sock.sendall(request)
-        status, headers, body = read_response(sock)
-        assert status == 400 and error_of(body)["code"] == "bad_http", (key, status, body)
-        assert headers.get("connection") == "close" and closed_by_server(sock), key
-        sock.close()
+        assert_refused_and_closed(server, key, request, 400, "bad_http")
     for key in shapes:
         assert_absent(server, key)
     assert_serves(server)
