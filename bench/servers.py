@@ -23,6 +23,7 @@ import sys
 import time
 
 from bench.loadgen import ResponseError, request_once
+from queen.testing import parse_metrics
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
@@ -94,15 +95,7 @@ class ServerProcess:
         status, body = http_get_to_close(self.port, "/metrics")
         if status != 200:
             return {}
-        values = {}
-        for line in body.decode().splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                try:
-                    values[name] = float(value)
-                except ValueError:
-                    pass
-        return values
+        return parse_metrics(body.decode())
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:

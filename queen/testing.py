@@ -305,6 +305,11 @@ class ServerProcess:
         with open(self.stderr_path, "rb") as f:
             return f.read().decode(errors="replace")
 
+    def metrics(self) -> dict[str, float]:
+        status, text = self.request("GET", "/metrics")
+        assert status == 200, (status, text)
+        return parse_metrics(text.decode())
+
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
@@ -351,6 +356,19 @@ class ServerProcess:
                 return response.status, raw
         finally:
             connection.close()
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text as {name: value} (a labelled series keeps its labels in the name)."""
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            try:
+                values[name] = float(value)
+            except ValueError:
+                pass
+    return values
 
 
 def free_port() -> int:

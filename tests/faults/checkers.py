@@ -303,6 +303,38 @@ class Ack:
     group: str = ""
 
 
+# Recording a consumer from its answers, the same way in the real-process workload and the
+# simulation. A partition's lease is judged by check_leases as slot 0 of a lock named after the
+# partition, held by the lease id: the pop grants it, the consumer's last ack releases it.
+
+
+def partition_grant(name: str, pop: dict, invoked_at: int, completed_at: int) -> Grant:
+    lease_id = pop["leaseId"]
+    return Grant(name=name, slot=0, owner=str(lease_id), token=lease_id, fence=lease_id, invoked_at=invoked_at,
+                 completed_at=completed_at, expires_at=pop["expiresAt"])
+
+
+def partition_release(name: str, lease_id, invoked_at: int, completed_at: int, answered: str) -> Release:
+    return Release(name=name, slot=0, owner=str(lease_id), invoked_at=invoked_at, completed_at=completed_at,
+                   answered=answered)
+
+
+def pop_deliveries(pop: dict, at: int) -> list[Delivery]:
+    """The messages of a pop answered success:true, delivered at `at`."""
+    return [Delivery(transaction_id=m["transactionId"], message_id=str(m["messageId"]), offset=m["offset"],
+                     partition=m["partition"], retry_count=m["retryCount"], lease_id=str(pop["leaseId"]), at=at)
+            for m in pop["messages"]]
+
+
+def ack_answer(answer: dict | None) -> str:
+    """An ack's answer as an Ack record names it; None is an answer that never came."""
+    if answer is None:
+        return "unknown"
+    if answer["success"]:
+        return "already" if answer.get("already") else "success"
+    return answer.get("reason", "lease_lost")
+
+
 def check_total_queue(pushes: list[Push], deliveries: list[Delivery], acks: list[Ack], *,
                       drained: bool = True, groups: list[str] | None = None,
                       check_retries: bool = False) -> list[dict]:

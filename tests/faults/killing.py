@@ -46,7 +46,7 @@ class Target:
         self.unexpected_exits: list[dict] = []  # the server died, and not at its failpoint: a violation
 
     def died(self) -> bool:
-        """The server killed itself at its failpoint."""
+        """The server process has exited (at its failpoint, or not)."""
         return self.server.process.poll() is not None
 
     def crash(self, power_loss: bool, failpoint: tuple[str, int] | None = None) -> None:
@@ -60,35 +60,41 @@ class Target:
             else:
                 self.unexpected_exits.append({"kind": "server_exited", "returncode": code, "armed": self.armed,
                                               "log_tail": self.server.log_text()[-2000:]})
-        self.server.kill()
-        self._lose_power_or_not(kind, power_loss)
-        while True:
-            self.armed = failpoint[0] if failpoint else None
-            self.server.env = {**self.env, "QUEEN_FAULT_KILL_AT": f"{failpoint[0]}:{failpoint[1]}"} if failpoint else self.env
-            try:
-                self.server.start()
-                break
-            except RuntimeError:
-                if not (failpoint and self.died() and self.server.process.returncode == -signal.SIGKILL):
-                    raise
-                # The failpoint was reached during recovery, before the server listened: that
-                # is a crash too; start again without it.
-                self.server.kill()
-                self._lose_power_or_not(f"failpoint_{failpoint[0]}", power_loss)
-                failpoint = None
+        self._end(kind, power_loss)
+        if not self._start(failpoint):
+            # The failpoint was reached during recovery, before the server listened: that is a
+            # crash too; start again without it.
+            self._end(f"failpoint_{failpoint[0]}", power_loss)
+            self._start(None)
         self.port = self.server.port
         self.restarted.set()
 
-    def _lose_power_or_not(self, kind: str, power_loss: bool) -> None:
+    def _end(self, kind: str, power_loss: bool) -> None:
+        """Make sure the server is dead, lose power if asked, and count the crash."""
+        self.server.kill()
         if power_loss and self.journal is not None:
             lose_power(self.server.data_dir, self.journal)
             kind = "power_loss" if kind == "sigkill" else kind + "+power_loss"
         self.faults[kind] += 1
 
-    def disarm(self) -> None:
-        """Later starts of the server (a workload's final reads) run without a failpoint."""
-        self.armed = None
-        self.server.env = self.env
+    def _start(self, failpoint: tuple[str, int] | None) -> bool:
+        """Start the server, armed with failpoint if given; False when it died at that failpoint
+        before it listened."""
+        self.armed = failpoint[0] if failpoint else None
+        self.server.env = {**self.env, "QUEEN_FAULT_KILL_AT": f"{failpoint[0]}:{failpoint[1]}"} if failpoint else self.env
+        try:
+            self.server.start()
+        except RuntimeError:
+            if failpoint and self.died() and self.server.process.returncode == -signal.SIGKILL:
+                return False
+            raise
+        return True
+
+    def restart(self) -> None:
+        """Start the stopped server again, without a failpoint, for a workload's final reads."""
+        self._start(None)
+        self.port = self.server.port
+        self.stopped.clear()
 
     def wait_until_up(self, deadline_s: float = 30.0) -> None:
         """Until the (restarted) server answers its health check, or the run stops."""
@@ -173,5 +179,4 @@ def kill_while_running(target: Target, threads: list[threading.Thread], progress
             thread.join(120)
     finally:
         target.stopped.set()
-        target.disarm()
         target.server.stop()

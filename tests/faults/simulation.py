@@ -75,8 +75,12 @@ from tests.faults.checkers import (
     Push,
     Release,
     Renewal,
+    ack_answer,
     check_leases,
     check_total_queue,
+    partition_grant,
+    partition_release,
+    pop_deliveries,
 )
 from tests.faults.linearizability import Op, check_history
 
@@ -654,30 +658,19 @@ class Consumer(Client):
                 return
             lease_id = document["leaseId"]
             name = f"{QUEUE}/{document['partition']}"
-            sim.lease_events.append(Grant(name=name, slot=0, owner=str(lease_id), token=lease_id, fence=lease_id,
-                                          invoked_at=flight.invoked_ms, completed_at=flight.completed_ms,
-                                          expires_at=document["expiresAt"]))
-            for m in document["messages"]:
-                sim.deliveries.append(Delivery(transaction_id=m["transactionId"], message_id=str(m["messageId"]),
-                                               offset=m["offset"], partition=m["partition"],
-                                               retry_count=m["retryCount"], lease_id=str(lease_id), at=flight.invoke))
+            sim.lease_events.append(partition_grant(name, document, flight.invoked_ms, flight.completed_ms))
+            sim.deliveries += pop_deliveries(document, flight.invoke)
             self.lease = {"leaseId": lease_id, "name": name, "messages": list(document["messages"])}
             return
         lease = self.lease
-        if document is None:
-            answer = "unknown"
-        elif document["success"]:
-            answer = "already" if document.get("already") else "success"
-        else:
-            answer = document.get("reason", "lease_lost")
+        answer = ack_answer(document)
         sim.acks.append(Ack(transaction_id=message["transactionId"], lease_id=str(lease["leaseId"]), status=status,
                             answer=answer, at=flight.complete or flight.invoke))
         if document is None or status == "failed" or answer != "success" or not lease["messages"]:
             # The lease ends here (a failed ack, the last message, or an answer that says it is gone):
             # the consumer stops relying on it from this ack's invoke.
-            sim.lease_events.append(Release(name=lease["name"], slot=0, owner=str(lease["leaseId"]),
-                                            invoked_at=flight.invoked_ms,
-                                            completed_at=flight.completed_ms or flight.invoked_ms, answered=answer))
+            sim.lease_events.append(partition_release(lease["name"], lease["leaseId"], flight.invoked_ms,
+                                                      flight.completed_ms or flight.invoked_ms, answer))
             self.lease = None
 
 

@@ -56,17 +56,6 @@ def record(workload: str, ops: int, histories: int, promises: tuple, detail: str
                              detail=detail), None))
 
 
-def metrics(server: ServerProcess) -> dict[str, float]:
-    status, text = server.request("GET", "/metrics")
-    assert status == 200
-    values = {}
-    for line in text.decode().splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
-    return values
-
-
 def assert_serves(server: ServerProcess) -> None:
     """The process is alive, a fresh client's put is read back as written, and the server holds
     no connection but the one asking (the abuse's connections were all let go)."""
@@ -79,7 +68,7 @@ def assert_serves(server: ServerProcess) -> None:
     assert status == 200 and (got["value"], got["version"]) == (value, put["version"]), got
     # The server sees a closed socket on its next pass; a few polls of a real process, bounded.
     deadline = time.monotonic() + GUARD_S
-    while metrics(server)["queen_connections"] > 1:
+    while server.metrics()["queen_connections"] > 1:
         assert time.monotonic() < deadline, "the server still holds connections the abuse opened"
 
 
@@ -152,7 +141,7 @@ def test_p8_slowloris_heads_are_cut_off_after_the_read_timeout_while_others_are_
     five send part of it once and go quiet. Each is cut off once the request has taken longer than
     the read timeout (the drip does not extend it): 408 request_timeout and close (a drip that
     crosses the close may see a reset instead). Meanwhile a normal client is served every round."""
-    before = metrics(server)
+    before = server.metrics()
     head = b"POST /api/v1/kv HTTP/1.1\r\nhost: q\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
     slow = {}  # socket -> {"drip": bool, "sent": bytes count, "started", "ended", "received", "reset"}
     for i in range(10):
@@ -199,7 +188,7 @@ def test_p8_slowloris_heads_are_cut_off_after_the_read_timeout_while_others_are_
         sock.close()
     assert any(state["drip"] and state["sent"] > 2 for state in slow.values()), "no byte was dripped"
     assert served >= 2, "the normal client was not served while the slow ones hung on"
-    assert metrics(server)["queen_connections_timed_out_total"] - before["queen_connections_timed_out_total"] == 10
+    assert server.metrics()["queen_connections_timed_out_total"] - before["queen_connections_timed_out_total"] == 10
     assert_serves(server)
     record("http-slowloris", sum(s["sent"] for s in slow.values()) + 2 * served, len(slow), ("P8",),
            detail=f"{len(slow)} slow heads, {served} requests served meanwhile")
@@ -209,7 +198,7 @@ def test_p8_an_idle_flood_past_the_connection_limit_makes_room_for_new_clients(s
     """Forty connections that never send a byte, against a limit of sixteen: each new one takes
     the place of the longest-idle one, which the server closes, so a fresh client is still served
     and the server never holds more than its limit."""
-    before = metrics(server)
+    before = server.metrics()
     flood = [connect(server) for _ in range(40)]
     assert_serves_now(server)
     # Every connection past the limit closed an older idle one; wait on those sockets to see it.
@@ -219,7 +208,7 @@ def test_p8_an_idle_flood_past_the_connection_limit_makes_room_for_new_clients(s
         readable, _, _ = select.select([s for s in flood if s not in closed], [], [], 1.0)
         closed.update(sock for sock in readable if closed_by_server(sock))
     assert len(closed) >= len(flood) - CONNECTIONS_MAX, len(closed)
-    after = metrics(server)
+    after = server.metrics()
     assert after["queen_connections"] <= CONNECTIONS_MAX
     assert after["queen_connections_idle_closed_total"] - before["queen_connections_idle_closed_total"] >= len(closed)
     for sock in flood:
@@ -252,32 +241,44 @@ def test_p8_at_the_limit_with_no_idle_connection_a_new_client_gets_a_clean_503(s
                      b"content-length: %d\r\n\r\n%s" % (len(body), body))
         return sock
 
-    parked = [park(f"w{i}") for i in range(CONNECTIONS_MAX)]
-    refused = False
-    for attempt in range(5):
-        probe = connect(server)
-        probe.sendall(b"GET /healthz HTTP/1.1\r\nhost: q\r\n\r\n")
-        status, headers, body = read_response(probe)
-        if status == 200:
-            # The probe took the place of a parked client whose request the server had not read
-            # yet (so it was still idle). Wait for that one to be closed, park another in its
-            # place and try again: bounded, each attempt waits on the server.
+    # Park all but one, and wait until the server has taken up each of their requests (its request
+    # count shows it; each metrics read counts itself too): a parked connection whose request is
+    # not read yet is idle, and a probe would take its place. Then park the last one.
+    parked = []
+    try:
+        base = server.metrics()["queen_requests_total"]
+        parked += [park(f"w{i}") for i in range(CONNECTIONS_MAX - 1)]
+        deadline = time.monotonic() + GUARD_S
+        polls = 0
+        while server.metrics()["queen_requests_total"] - base - (polls := polls + 1) < len(parked):
+            assert time.monotonic() < deadline, "the server never took up the parked requests"
+        parked.append(park("last"))
+        refused = False
+        for attempt in range(10):
+            probe = connect(server)
+            probe.sendall(b"GET /healthz HTTP/1.1\r\nhost: q\r\n\r\n")
+            status, headers, body = read_response(probe)
+            if status == 200:
+                # The probe took the place of the last parked client, whose request the server
+                # had not read yet (so it was still idle). Wait for it to be closed, park another
+                # in its place and try again: bounded, each attempt waits on the server.
+                probe.close()
+                readable, _, _ = select.select(parked, [], [], GUARD_S)
+                assert readable and closed_by_server(readable[0]), "a probe was served with every connection busy"
+                parked.remove(readable[0])
+                readable[0].close()
+                parked.append(park(f"again{attempt}"))
+                continue
+            assert status == 503 and error_of(body)["code"] == "too_many_connections", (status, body)
+            assert headers.get("retry-after") and headers.get("connection") == "close", headers
+            assert closed_by_server(probe)
             probe.close()
-            readable, _, _ = select.select(parked, [], [], GUARD_S)
-            assert readable and closed_by_server(readable[0]), "a probe was served with every connection busy"
-            parked.remove(readable[0])
-            readable[0].close()
-            parked.append(park(f"again{attempt}"))
-            continue
-        assert status == 503 and error_of(body)["code"] == "too_many_connections", (status, body)
-        assert headers.get("retry-after") and headers.get("connection") == "close", headers
-        assert closed_by_server(probe)
-        probe.close()
-        refused = True
-        break
+            refused = True
+            break
+    finally:
+        for sock in parked:
+            sock.close()
     assert refused, "no new connection was refused while every connection was busy"
-    for sock in parked:
-        sock.close()
     # The server learns of each hang-up on its own next pass over that socket; until then it may
     # still be full. Bounded polling of the real process, each refusal a clean 503.
     deadline = time.monotonic() + GUARD_S
@@ -299,7 +300,7 @@ def test_p8_a_client_that_pipelines_and_never_reads_is_cut_off_after_the_send_ti
     buffer: the server's answers back up, and once one is not taken within the send timeout the
     server cuts the connection (our next send sees the reset). Other clients are served while it
     is stuck."""
-    before = metrics(server)
+    before = server.metrics()
     status, _ = server.request("PUT", "/api/v1/kv/abuse/big", {"value": "v" * 30_000, "forever": True})
     assert status == 200
     sock = socket.socket()
@@ -327,7 +328,7 @@ def test_p8_a_client_that_pipelines_and_never_reads_is_cut_off_after_the_send_ti
     sock.close()
     assert cut is not None, "the server never cut off a client that does not read"
     assert stuck_served, "the client's buffers never filled"
-    assert metrics(server)["queen_connections_timed_out_total"] > before["queen_connections_timed_out_total"]
+    assert server.metrics()["queen_connections_timed_out_total"] > before["queen_connections_timed_out_total"]
     assert_serves(server)
     record("http-never-reads", sent // 46 + 3, 1, ("P8",), detail=f"{sent} bytes of requests pipelined")
 

@@ -43,10 +43,14 @@ from tests.faults.checkers import (
     Renewal,
     Schedule,
     TimerDelivery,
+    ack_answer,
     check_leases,
     check_set_full,
     check_timers,
     check_total_queue,
+    partition_grant,
+    partition_release,
+    pop_deliveries,
 )
 from tests.faults.killing import JsonClient, Target, kill_while_running
 from tests.faults.linearizability import Op, check_history
@@ -273,8 +277,7 @@ def run_locks(work_dir: str, seed: int, kills: int = 3, control: str = "", scale
                        power_loss_share, failpoint_share)
     # A last read of each list, after everything: every append answered "added" must be in it.
     final = JsonClient(target)
-    target.server.start()
-    target.port = target.server.port
+    target.restart()
     for permit in lists:
         invoked = now_ms()
         row = final.request("POST", "/api/v1/kv", {"operations": [{"op": "get", "ns": "f", "key": f"members-{permit}"}]})
@@ -326,7 +329,7 @@ def run_queues(work_dir: str, seed: int, kills: int = 3, control: str = "", scal
                             pushes.append(Push(transaction_id=item["transactionId"], status="unknown"))
                         else:
                             pushes.append(Push(transaction_id=item["transactionId"], status=answer[n]["status"],
-                                               message_id=answer[n]["messageId"]))
+                                               message_id=str(answer[n]["messageId"])))
         produced.set()
         client.close()
 
@@ -340,11 +343,8 @@ def run_queues(work_dir: str, seed: int, kills: int = 3, control: str = "", scal
             return False
         lease_id = answer["leaseId"]
         partition = answer["partition"]
-        record = [Grant(name=partition, slot=0, owner=str(lease_id), token=lease_id, fence=lease_id,
-                        invoked_at=invoked, completed_at=completed, expires_at=answer["expiresAt"])]
-        got = [Delivery(transaction_id=m["transactionId"], message_id=m["messageId"], offset=m["offset"],
-                        partition=m["partition"], retry_count=m["retryCount"], lease_id=str(lease_id), at=invoked)
-               for m in answer["messages"]]
+        record = [partition_grant(partition, answer, invoked, completed)]
+        got = pop_deliveries(answer, invoked)
         done: list[Ack] = []
         for n, message in enumerate(answer["messages"]):
             roll = crng.random()
@@ -355,19 +355,13 @@ def run_queues(work_dir: str, seed: int, kills: int = 3, control: str = "", scal
             result = client.request("POST", "/api/v1/ack", {"partitionId": message["partitionId"],
                                                              "leaseId": lease_id, "offset": message["offset"],
                                                              "status": status})
-            if result is None:
-                answer_text = "unknown"
-            elif result["success"]:
-                answer_text = "already" if result.get("already") else "success"
-            else:
-                answer_text = result.get("reason", "lease_lost")
+            answer_text = ack_answer(result)
             done.append(Ack(transaction_id=message["transactionId"], lease_id=str(lease_id), status=status,
                             answer=answer_text, at=now_ms()))
             last = n == len(answer["messages"]) - 1
             if result is None or status == "failed" or last or answer_text != "success":
                 # The lease ends here (a failed ack, the last message, or a lost answer: stop relying on it).
-                record.append(Release(name=partition, slot=0, owner=str(lease_id), invoked_at=invoked,
-                                      completed_at=now_ms(), answered=answer_text))
+                record.append(partition_release(partition, lease_id, invoked, now_ms(), answer_text))
                 break
         with lock:
             deliveries.extend(got)
@@ -394,9 +388,7 @@ def run_queues(work_dir: str, seed: int, kills: int = 3, control: str = "", scal
                        power_loss_share, failpoint_share)
     # Drain: pop until two long polls in a row (each longer than a lease) find nothing: every
     # message is then resolved (an ack whose answer a crash lost may have completed it unseen).
-    target.server.start()
-    target.port = target.server.port
-    target.stopped.clear()
+    target.restart()
     drng = random.Random(seed * 3)
     wanted = {p.transaction_id for p in pushes if p.status in ("queued", "duplicate")}
     empty = 0
@@ -492,8 +484,7 @@ def run_timers(work_dir: str, seed: int, kills: int = 3, control: str = "", scal
     clients.add(consumer, target)
     kill_while_running(target, clients.threads, lambda: len(schedules) + len(cancels) + len(fired), kills, rng, (20, 80),
                        power_loss_share, failpoint_share)
-    target.server.start()
-    target.port = target.server.port
+    target.restart()
     client = JsonClient(target)
     # Everything due has fired once the clock is past the last `at` and a long poll comes back empty.
     end_ms = 0
