@@ -29,7 +29,7 @@ from collections import deque
 
 import orjson
 from orjson import Fragment
-from pyroaring import BitMap
+from pyroaring import BitMap, BitMap64
 
 from queen.core import records as rec
 from queen.core.kv import VersionCounter
@@ -135,7 +135,9 @@ class GroupState:
 
     def __init__(self, floor: int):
         self.floor = floor  # the lowest offset not resolved
-        self.resolved = BitMap()  # resolved offsets above the floor
+        # Resolved offsets above the floor. 64-bit: a partition passes 2^32 offsets in about five
+        # days at 10,000 messages a second.
+        self.resolved = BitMap64()
         self.retries: dict[int, int] = {}  # offset -> deliveries that ended without completion
         self.dlq: dict[int, tuple] = {}  # offset -> (error, dlq_at_ms); resolved, and kept
         self.lease: Lease | None = None
@@ -787,6 +789,8 @@ class QueueTable:
             group_name = lease.group if lease is not None else self.ended_leases.get(item.lease_id, QUEUE_MODE_GROUP)
         state = partition.groups.get(group_name)
         offset = self._offset_of(partition, item)
+        if offset is not None and offset >= partition.next_offset:
+            return "not_delivered", "unknown"  # never appended: judged before any set of offsets is asked
         if state is not None and offset is not None and self._completed(state, offset):
             return "already", "completed"
         message_state = self._state_name(partition, state, offset) if state is not None and offset is not None else "unknown"
@@ -1275,7 +1279,7 @@ class QueueTable:
         for index, (partition_id, offset) in enumerate(items):
             partition = queue.by_id.get(partition_id) if queue is not None else None
             state = partition.groups.get(group) if partition is not None else None
-            if state is None or offset not in state.dlq:
+            if state is None or offset >= partition.next_offset or offset not in state.dlq:
                 results.append({"index": index, "requeued": False, "reason": "absent"})
                 continue
             self._message_state(queue, group, partition, offset, "pending", 0, None, now_ms, records)
@@ -1471,7 +1475,9 @@ class QueueTable:
         elif kind is rec.Remove:
             self._apply_remove(queue, queue.by_id[record.partition_id], record.below_offset, record.dlq_too)
         elif kind is rec.GroupPartition:
-            self._apply_group_partition(queue, record)
+            self._apply_group_partition(queue, record, BitMap64.deserialize(record.resolved))
+        elif kind is rec.GroupPartition32:
+            self._apply_group_partition(queue, record, BitMap64(BitMap.deserialize(record.resolved)))
         elif kind is rec.PartitionState:
             partition = queue.by_id[record.partition_id]
             partition.next_offset = record.next_offset
@@ -1510,11 +1516,11 @@ class QueueTable:
         self._schedule_sweep(queue, partition, created_at(packed))
         self.dirty[queue.name] = None
 
-    def _apply_group_partition(self, queue: Queue, record) -> None:
+    def _apply_group_partition(self, queue: Queue, record, resolved: BitMap64) -> None:
         partition = queue.by_id[record.partition_id]
         state = partition.groups[record.group]
         state.floor = record.floor
-        state.resolved = BitMap.deserialize(record.resolved)
+        state.resolved = resolved
         retries = record.retries
         state.retries = {retries[i]: retries[i + 1] for i in range(0, len(retries), 2)}
         dlq = record.dlq
@@ -1531,7 +1537,7 @@ class QueueTable:
         for queue in self.queues.values():
             partitions = []
             for partition in queue.partitions.values():
-                states = [(name, state.floor, BitMap(state.resolved), dict(state.retries), dict(state.dlq))
+                states = [(name, state.floor, state.resolved.copy(), dict(state.retries), dict(state.dlq))
                           for name, state in partition.groups.items()]
                 partitions.append((partition.id, partition.name, partition.created_at_ms, dict(partition.messages),
                                    states, dict(partition.dedupe), partition.next_offset, partition.removed_below))
@@ -1561,9 +1567,9 @@ def snapshot_records(copies, out: list) -> None:
             rec.group_join(out, join_version, name, group, mode, joined_at_ms)
         for partition_id, _, _, _, states, _, _, _ in partitions:
             for group, floor, resolved, retries, dlq in states:
-                out += (27, name, group, partition_id, floor, resolved.serialize(),
-                        [x for item in retries.items() for x in item],
-                        [x for offset, (error, at_ms) in dlq.items() for x in (offset, error, at_ms)])
+                rec.group_partition(out, name, group, partition_id, floor, resolved.serialize(),
+                                    [x for item in retries.items() for x in item],
+                                    [x for offset, (error, at_ms) in dlq.items() for x in (offset, error, at_ms)])
         for lease_id, group, acquired_at_ms, expires_at_ms, deliveries in leases:
             rec.grant(out, lease_id, name, group, acquired_at_ms, expires_at_ms, False, deliveries)
 

@@ -24,10 +24,11 @@ encoding"), and a frame holds hundreds of records.
 | 24   | lease_end | version, queue, group, lease_id, partition_id, at_ms                               | version         |
 | 25   | lease_extend | version, queue, group, lease_id, expires_at_ms                                  | version         |
 | 26   | remove    | version, queue, partition_id, below_offset, dlq_too, at_ms                         | version         |
-| 27   | group_partition | queue, group, partition_id, floor, resolved, retries, dlq                    | no (snapshots)  |
+| 27   | group_partition_32 | queue, group, partition_id, floor, resolved, retries, dlq (read only)     | no (snapshots)  |
 | 28   | dedupe    | queue, partition_id, transaction_id, offset, message_id, created_at_ms, until_ms   | no (snapshots)  |
 | 29   | partition_state | queue, partition_id, next_offset, removed_below                              | no (snapshots)  |
 | 30   | partition_messages | queue, partition_id, offsets, lengths, packed                             | no (snapshots)  |
+| 31   | group_partition | queue, group, partition_id, floor, resolved, retries, dlq                    | no (snapshots)  |
 | 40   | timer_set | version, queue, key, at_ms, scheduled_at_ms, partition, payload, transaction_id, trace_id | version  |
 | 41   | timer_cancel | version, queue, key                                                             | version         |
 | 42   | timer_fired | version, queue, key                                                              | version         |
@@ -65,11 +66,13 @@ Queues (kinds 16-30; every count and id is an integer, every name a string):
 - remove: retention removed the partition's messages below below_offset (those in a group's DLQ
   too when dlq_too, otherwise they stay); groups behind it move up.
 - group_partition, dedupe, partition_state and partition_messages appear only in snapshots: one
-  group's state in one partition (its floor, the resolved offsets above it as a serialized roaring
-  bitmap, [offset, retry_count, ...] and [offset, error, at_ms, ...] of its DLQ); a partition's
+  group's state in one partition (its floor, the resolved offsets above it as a serialized 64-bit
+  roaring bitmap in the portable format, [offset, retry_count, ...] and [offset, error, at_ms, ...] of its DLQ); a partition's
   producer ids with their packed entries, oldest first; a partition's next offset and the offset
   below which everything was removed (its messages may all be gone); a partition's retained
   messages, packed, as three byte strings (queen/core/queues.py owns both packed layouts).
+- group_partition_32 is group_partition as builds before 64-bit offsets wrote it: the resolved
+  offsets as a 32-bit roaring bitmap. This build reads it and never writes it.
 
 Timers (kinds 40-43):
 - timer_set: the timer (queue, key) is pending, due at at_ms, scheduled at scheduled_at_ms; its
@@ -113,10 +116,11 @@ class Kind(enum.IntEnum):
     LEASE_END = 24
     LEASE_EXTEND = 25
     REMOVE = 26
-    GROUP_PARTITION = 27
+    GROUP_PARTITION_32 = 27
     DEDUPE = 28
     PARTITION_STATE = 29
     PARTITION_MESSAGES = 30
+    GROUP_PARTITION = 31
     TIMER_SET = 40
     TIMER_CANCEL = 41
     TIMER_FIRED = 42
@@ -255,6 +259,17 @@ class GroupPartition(NamedTuple):
     group: str
     partition_id: int
     floor: int
+    resolved: bytes  # a serialized 64-bit roaring bitmap
+    retries: list
+    dlq: list
+
+
+class GroupPartition32(NamedTuple):
+    """GroupPartition as builds before 64-bit offsets wrote it: resolved is a 32-bit bitmap."""
+    queue: str
+    group: str
+    partition_id: int
+    floor: int
     resolved: bytes
     retries: list
     dlq: list
@@ -319,10 +334,10 @@ class PendingTimers(NamedTuple):
 
 
 QUEUE_RECORDS = (QueueSet, QueueDelete, PartitionCreate, Append, GroupJoin, GroupDelete, Grant, MessageState, LeaseEnd,
-                 LeaseExtend, Remove, GroupPartition, Dedupe, PartitionState, PartitionMessages, TimerSet, TimerCancel,
+                 LeaseExtend, Remove, GroupPartition, GroupPartition32, Dedupe, PartitionState, PartitionMessages, TimerSet, TimerCancel,
                  TimerFired, PendingTimers)
 Record = Put | Delete | Ceiling | SegmentCut | QueueSet | QueueDelete | PartitionCreate | Append | GroupJoin | \
-    GroupDelete | Grant | MessageState | LeaseEnd | LeaseExtend | Remove | GroupPartition | Dedupe | PartitionState | \
+    GroupDelete | Grant | MessageState | LeaseEnd | LeaseExtend | Remove | GroupPartition | GroupPartition32 | Dedupe | PartitionState | \
     PartitionMessages | TimerSet | TimerCancel | TimerFired | PendingTimers
 
 _PUT, _DELETE, _CEILING, _SEGMENT_CUT = int(Kind.PUT), int(Kind.DELETE), int(Kind.CEILING), int(Kind.SEGMENT_CUT)
@@ -400,6 +415,11 @@ def timer_set(out: list, version: int, queue: str, key: str, at_ms: int, schedul
     out += (40, version, queue, key, at_ms, scheduled_at_ms, partition, payload, transaction_id, trace_id)
 
 
+def group_partition(out: list, queue: str, group: str, partition_id: int, floor: int, resolved: bytes,
+                    retries: list, dlq: list) -> None:
+    out += (31, queue, group, partition_id, floor, resolved, retries, dlq)
+
+
 def timer_cancel(out: list, version: int, queue: str, key: str) -> None:
     out += (41, version, queue, key)
 
@@ -416,7 +436,7 @@ def encode(out: list, record: Record) -> None:
 
 _KIND_OF = {Put: _PUT, Delete: _DELETE, Ceiling: _CEILING, SegmentCut: _SEGMENT_CUT, QueueSet: 16, QueueDelete: 17,
             PartitionCreate: 18, Append: 19, GroupJoin: 20, GroupDelete: 21, Grant: 22, MessageState: 23, LeaseEnd: 24,
-            LeaseExtend: 25, Remove: 26, GroupPartition: 27, Dedupe: 28, PartitionState: 29, PartitionMessages: 30,
+            LeaseExtend: 25, Remove: 26, GroupPartition32: 27, Dedupe: 28, PartitionState: 29, PartitionMessages: 30, GroupPartition: 31,
             TimerSet: 40, TimerCancel: 41, TimerFired: 42, PendingTimers: 43}
 
 
@@ -463,6 +483,11 @@ def _check_grant(f) -> bool:
     return True
 
 
+def _check_group_partition(f) -> bool:
+    return (_str(f[0]) and _str(f[1]) and _version(f[2]) and _int(f[3]) and type(f[4]) is bytes and type(f[5]) is list
+            and type(f[6]) is list)
+
+
 _STATES = frozenset(("completed", "pending", "dlq", "purged"))
 
 
@@ -486,8 +511,8 @@ _SCHEMA = {
     25: (LeaseExtend, 5, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _version(f[3]) and _time(f[4])),
     26: (Remove, 6, lambda f: _version(f[0]) and _str(f[1]) and _version(f[2]) and _int(f[3]) and type(f[4]) is bool
          and _time(f[5])),
-    27: (GroupPartition, 7, lambda f: _str(f[0]) and _str(f[1]) and _version(f[2]) and _int(f[3]) and type(f[4]) is bytes
-         and type(f[5]) is list and type(f[6]) is list),
+    27: (GroupPartition32, 7, _check_group_partition),
+    31: (GroupPartition, 7, _check_group_partition),
     28: (Dedupe, 4, lambda f: _str(f[0]) and _version(f[1]) and type(f[2]) is list and all(type(i) is str for i in f[2])
          and type(f[3]) is bytes),
     29: (PartitionState, 4, lambda f: _str(f[0]) and _version(f[1]) and _int(f[2]) and _int(f[3]) and f[3] <= f[2]),
@@ -525,7 +550,7 @@ def decode(flat) -> list[Record]:
     return records
 
 
-_UNVERSIONED = (Ceiling, SegmentCut, GroupPartition, Dedupe, PartitionState, PartitionMessages, PendingTimers)
+_UNVERSIONED = (Ceiling, SegmentCut, GroupPartition, GroupPartition32, Dedupe, PartitionState, PartitionMessages, PendingTimers)
 
 
 def version_of(record: Record) -> int:

@@ -102,15 +102,18 @@ class Drain:
 
 class Applied:
     """What a step did: answers [(reply_to, position, result)], records (a flat list for the WAL)
-    and the versions they took (0, 0 when none)."""
+    and the versions they took (0, 0 when none), and failures [(reply_to, position, exception)]:
+    operations that raised before producing any record, each to be answered as an internal error."""
 
-    __slots__ = ("answers", "records", "first_version", "last_version")
+    __slots__ = ("answers", "records", "first_version", "last_version", "failures")
 
-    def __init__(self, answers: list, records: list, first_version: int, last_version: int):
+    def __init__(self, answers: list, records: list, first_version: int, last_version: int,
+                 failures: list | None = None):
         self.answers = answers
         self.records = records
         self.first_version = first_version
         self.last_version = last_version
+        self.failures = failures
 
 
 class State:
@@ -128,17 +131,31 @@ class State:
         records: list = []
         answers: list = []
         kind = type(step)
+        failures: list = []
         if kind is Ops:
             shard = self.shards[step.shard]
             apply = shard.apply
+            versions = self.versions
             for reply_to, position, op in step.items:
-                result = apply(op, now_ms, records, reply_to, position)
+                produced, taken = len(records), versions.last
+                try:
+                    result = apply(op, now_ms, records, reply_to, position)
+                except Exception as error:
+                    self._fail_alone(error, produced, taken, records)
+                    failures.append((reply_to, position, error))
+                    continue
                 if result is not None:
                     answers.append((reply_to, position, result))
             touched = (shard,)
         elif kind is Transaction:
-            touched, answer = self._transaction(step.txn, now_ms, records)
-            answers.append((step.reply_to, 0, answer))
+            try:
+                touched, answer = self._transaction(step.txn, now_ms, records)
+            except Exception as error:
+                self._fail_alone(error, 0, before, records)
+                failures.append((step.reply_to, 0, error))
+                touched = ()
+            else:
+                answers.append((step.reply_to, 0, answer))
         elif kind is Tick:
             touched = self.shards
             for shard in touched:
@@ -167,8 +184,18 @@ class State:
                 queues.resolved = []
         last = self.versions.last
         if last == before:
-            return Applied(answers, records, 0, 0)
-        return Applied(answers, records, before + 1, last)
+            return Applied(answers, records, 0, 0, failures)
+        return Applied(answers, records, before + 1, last, failures)
+
+    def _fail_alone(self, error: Exception, produced: int, taken: int, records: list) -> None:
+        """An operation raised (a bug). If it produced no records, nothing of it can reach the log
+        and, as state changes only with their records, nothing of it is in memory: it fails alone,
+        the versions it took unused are given back (a frame's versions stay dense) and the step
+        goes on. Once it produced records, memory and log may disagree: re-raise, and the caller
+        stops taking writes."""
+        if len(records) != produced:
+            raise error
+        self.versions.last = taken
 
     def _transaction(self, txn: TransactionOps, now_ms: int, records: list) -> tuple[list, dict]:
         """Applies a transaction; the shards it touched, and its answer."""

@@ -22,6 +22,10 @@ from queen.wal.writer import WalWriter
 logger = logging.getLogger(__name__)
 
 
+def _internal() -> QueenError:
+    return QueenError("internal", "the server failed to handle this request; see its log", http_status=500)
+
+
 class Call:
     """One request's operations on their way through steps and the WAL: `parts_left` counts the
     answers it still waits for (one per operation sent to a shard, parked ones included)."""
@@ -60,6 +64,19 @@ class StepRunner:
             call.parts_left -= 1
             if not call.parts_left:
                 writer.when_durable(last, call)
+        if applied.failures:
+            self._failed_alone(step, applied.failures, last)
+
+    def _failed_alone(self, step, failures: list, last: int) -> None:
+        """Operations that raised before producing any record: each call is answered 500 (once the
+        rest of it is durable, like any answer) and the server goes on."""
+        for call, _position, error in failures:
+            logger.error("event=operation_failed step=%s action=answered_500", type(step).__name__,
+                         exc_info=(type(error), error, error.__traceback__))
+            call.error = _internal()
+            call.parts_left -= 1
+            if not call.parts_left:
+                self.writer.when_durable(last, call)
 
     def _failed(self, step, error: Exception) -> None:
         """A bug stopped a step half way. Memory may now hold what the log does not: take no more
@@ -68,7 +85,7 @@ class StepRunner:
         logger.exception("event=step_failed step=%s action=refusing_writes hint='restart the server; "
                          "its state is rebuilt from the log'", type(step).__name__)
         self.writer.stop(error)
-        internal = QueenError("internal", "the server failed to handle this request; see its log", http_status=500)
+        internal = _internal()
         calls = []
         if type(step) is Ops:
             calls = [item[0] for item in step.items]

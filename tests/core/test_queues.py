@@ -405,3 +405,89 @@ def test_decimal_string_ids_are_accepted():
     item = parse_ack_item({"partitionId": "17", "leaseId": "905", "offset": 0, "error": None, "consumerGroup": None},
                           0, Limits(), None)
     assert (item.partition_id, item.lease_id, item.group) == (17, 905, None)
+
+
+# -- offsets from requests, and partitions past 2^32 offsets ---------------------------------------
+
+def test_an_ack_at_or_past_the_next_offset_is_not_delivered_and_touches_nothing():
+    """Offsets up to 2^63-1 pass parsing; one past what the partition ever held must be judged
+    against the partition before it reaches the resolved-offsets bitmap (a 32-bit one once failed
+    the whole server on 2^32)."""
+    q = Queues()
+    q.push("a", "b", partition="p")
+    got = q.pop(batch=1)
+    message = got["messages"][0]
+    for offset in (2, 2**31, 2**32, 2**32 + 1, 2**53 - 1, 2**63 - 1):
+        answer = q.ack({**message, "offset": offset})
+        assert answer["success"] is False and answer["reason"] == "not_delivered", offset
+    for tid in ("queen:2", "queen:4294967296", "queen:999999999999999999"):
+        answer = q.ack({**message, "offset": None}, transactionId=tid)
+        assert answer["reason"] == "not_delivered", tid
+    answer, records = q.txn({"ack": [{"partitionId": message["partitionId"], "leaseId": got["leaseId"],
+                                      "offset": 2**32}]})
+    assert answer["success"] is False and answer["reason"] == "not_delivered" and records == []
+    assert q.ack(message)["success"]  # the lease and the message are untouched
+
+
+def _partition_starting_at(q, next_offset):
+    """A partition whose offsets start at next_offset, as a snapshot of a long-lived one restores it."""
+    out = []
+    rec.queue_set(out, 1, "orders", T0, dict(queues.DEFAULT_OPTIONS))
+    rec.partition(out, 2, "orders", "p", T0)
+    rec.encode(out, rec.PartitionState("orders", 2, next_offset, next_offset))
+    for record in rec.decode(out):
+        q.state.replay(record)
+        q.records.append(record)
+    q.state.versions.last = 2
+
+
+def test_a_partition_keeps_exact_offsets_across_2_to_the_32():
+    q = Queues()
+    _partition_starting_at(q, 2**32 - 2)
+    pushed = q.push(*range(4), partition="p")
+    assert [r["offset"] for r in pushed] == [2**32 - 2, 2**32 - 1, 2**32, 2**32 + 1]
+    got = q.pop(batch=4)
+    assert [m["offset"] for m in got["messages"]] == [2**32 - 2, 2**32 - 1, 2**32, 2**32 + 1]
+    # Out of order, so offsets past 2^32 sit in the resolved set above the floor.
+    for m in (got["messages"][3], got["messages"][2]):
+        assert q.ack(m)["success"]
+    assert q.ack(got["messages"][3])["already"] is True
+    assert q.ack(got["messages"][1], status="failed")["success"]
+    again = q.pop(batch=4)
+    assert [m["offset"] for m in again["messages"]] == [2**32 - 2, 2**32 - 1]
+    sections = q.state.snapshot_capture()()
+    restored = State(1, T0)
+    for record in rec.decode(sections["queues"]):
+        restored.replay(record)
+    live = q.state.shards[0].queues
+    assert restored.shards[0].queues.partitions_page("orders", None, "", None, 100, q.now) == \
+        live.partitions_page("orders", None, "", None, 100, q.now)
+    for m in again["messages"]:
+        assert q.ack(m)["success"]
+    q.push("next", partition="p")
+    assert [m["offset"] for m in q.pop()["messages"]] == [2**32 + 2]
+    assert q.replayed().shards[0].queues.partitions_page("orders", None, "", None, 100, q.now) == \
+        live.partitions_page("orders", None, "", None, 100, q.now)
+
+
+def test_a_snapshot_of_an_earlier_build_with_a_32_bit_resolved_set_still_restores():
+    from pyroaring import BitMap
+    q = Queues()
+    q.push(*range(4), partition="p")
+    got = q.pop(batch=4)
+    for m in got["messages"][2:]:
+        q.ack(m)
+    partition_id = got["messages"][0]["partitionId"]
+    out = []
+    for record in rec.decode(q.state.snapshot_capture()()["queues"]):
+        if type(record) is rec.GroupPartition:
+            # what builds before 64-bit offsets wrote: kind 27, a 32-bit roaring bitmap
+            out += (27, record.queue, record.group, record.partition_id, record.floor,
+                    BitMap([2, 3]).serialize(), record.retries, record.dlq)
+        else:
+            rec.encode(out, record)
+    restored = State(1, T0)
+    for record in rec.decode(out):
+        restored.replay(record)
+    state = restored.shards[0].queues.queues["orders"].by_id[partition_id].groups["__QUEUE_MODE__"]
+    assert state.floor == 0 and list(state.resolved) == [2, 3]

@@ -9,7 +9,6 @@ import cbor2
 import pytest
 import trio
 
-from queen.core.kv import KvState
 from queen.testing import HttpClient, open_server
 
 
@@ -206,26 +205,3 @@ async def test_a_json_bytes_form_that_is_not_base64_answers_400(tmp_path, autoju
         status, body = await HttpClient(server.port).request(
             "PUT", "/api/v1/kv/app/k", {"value": {"$bytes": "not base64!"}, "forever": True})
         assert status == 400 and body["error"]["code"] == "invalid_value"
-
-
-async def test_a_step_that_fails_answers_500_then_refuses_writes_but_the_server_goes_on(
-        tmp_path, autojump_clock, caplog, monkeypatch):
-    async with open_server(tmp_path / "d") as server:
-        client = HttpClient(server.port)
-        await still_serving(server.port)
-        real = KvState.apply
-
-        def broken(self, op, now_ms, records):
-            if op.key == "boom":
-                raise RuntimeError("a bug in a step")
-            return real(self, op, now_ms, records)
-
-        monkeypatch.setattr(KvState, "apply", broken)
-        status, body = await client.request("PUT", "/api/v1/kv/app/boom", {"value": 1, "forever": True})
-        assert status == 500 and body["error"]["code"] == "internal"
-        assert any("event=step_failed" in r.getMessage() and r.exc_info for r in caplog.records)
-        status, body = await client.request("PUT", "/api/v1/kv/app/other", {"value": 1, "forever": True})
-        assert status == 503 and body["error"]["code"] == "not_durable"
-        status, body = await client.request("GET", "/api/v1/kv/app/alive")
-        assert status == 200 and body["value"] == 1  # reads go on
-        assert (await client.request("GET", "/healthz"))[0] == 503

@@ -231,3 +231,32 @@ async def test_a_parked_pop_answers_503_when_the_server_stops(tmp_path, autojump
             server.request_shutdown()
     [(status, body)] = answers
     assert status == 503 and body["error"]["code"] == "shutting_down"
+
+
+async def test_acks_naming_offsets_past_2_to_the_32_are_not_delivered_and_the_server_stays_healthy(
+        tmp_path, autojump_clock):
+    """Such an ack once reached a 32-bit bitmap and failed the whole server: 503 for every write
+    until a restart. Every way an offset arrives: /ack, /ack/batch, a transaction's ack section,
+    the Queen MQ form, and a `queen:` transaction id."""
+    async with open_server(tmp_path / "d") as server:
+        c = HttpClient(server.port)
+        await push(c, "a", "b")
+        got = await pop(c, batch=1)
+        [message] = got["messages"]
+        for offset in (2**32, 2**32 + 1, 2**53 - 1, 2**63 - 1):
+            assert (await ack(c, message, offset=offset))["reason"] == "not_delivered"
+            _, batch = await c.request("POST", "/api/v1/ack/batch", {"acknowledgments": [
+                {"partitionId": message["partitionId"], "leaseId": got["leaseId"], "offset": offset}]})
+            assert batch[0]["reason"] == "not_delivered", batch
+            _, txn = await c.request("POST", "/api/v1/transaction", {"ack": [
+                {"partitionId": message["partitionId"], "leaseId": got["leaseId"], "offset": offset}]})
+            assert txn["success"] is False and txn["reason"] == "not_delivered", txn
+            _, txn = await c.request("POST", "/api/v1/transaction", {"operations": [
+                {"type": "ack", "partitionId": message["partitionId"], "transactionId": f"queen:{offset}"}],
+                "requiredLeases": [got["leaseId"]]})
+            assert txn["success"] is False, txn
+        assert (await ack(c, message, offset=None, transactionId="queen:4294967296"))["reason"] == "not_delivered"
+        status, health = await c.request("GET", "/healthz")
+        assert status == 200, health
+        assert (await ack(c, message))["success"] is True
+        await push(c, "c")  # writes go on
