@@ -29,8 +29,8 @@ class Config:
     idle_timeout_s: float = _opt(60.0, "an idle keep-alive connection is closed after this", "SECONDS")
     send_timeout_s: float = _opt(10.0, "an answer must be taken by the client within this; one that does not read is cut off", "SECONDS")
     connections_max: int = _opt(1024, "concurrent connections (lowered at start to what the open-file limit allows); "
-                                "at the limit the longest-idle keep-alive connection is closed for a new one, and "
-                                "with none idle the new one gets 503", "N")
+                                "at the limit a new one takes the place of the longest-idle keep-alive connection, "
+                                "else of the call parked longest (answered as if its wait ran out), else gets 503", "N")
     ops_per_call_max: int = _opt(1024, "operations in one KV batch or transaction", "N")
     value_bytes_max: int = _opt(256 << 10, "largest KV value, measured as its JSON encoding", "BYTES")
     ns_bytes_max: int = _opt(128, "longest KV namespace", "BYTES")

@@ -68,3 +68,8 @@ class CorruptLog(RefusedToStart):
 
 class UnreadableFormat(RefusedToStart):
     """The data directory was written by another format version of Queen."""
+
+
+class VersionsExhausted(RefusedToStart):
+    """The log holds versions past VERSION_MAX (queen/core/kv.py), which this build never hands out
+    nor serves: JSON clients would read such ids inexactly."""

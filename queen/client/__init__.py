@@ -13,7 +13,7 @@ from queen.client.errors import (
     UnavailableError,
 )
 from queen.client.kv import CheckResult, Current, Item, Page, WriteResult
-from queen.client.locks import Holder, Lock, RunResult, Semaphore
+from queen.client.locks import Holder, Lock, LockAnswer, RunResult, Semaphore
 from queen.client.queues import AckResult, Delivery, Message, Push, PushResult, Queue
 from queen.client.sync import SyncClient, SyncLock, SyncQueue, SyncTimers, SyncTransaction
 from queen.client.timers import Timer, TimerResult, Timers
@@ -21,7 +21,7 @@ from queen.client.txn import Transaction, TxnResult
 
 __all__ = [
     "DEFAULT_URL", "Client", "SyncClient", "Lock", "Semaphore", "SyncLock", "Transaction", "SyncTransaction",
-    "Item", "Current", "Page", "WriteResult", "CheckResult", "TxnResult", "Holder", "RunResult",
+    "Item", "Current", "Page", "WriteResult", "CheckResult", "TxnResult", "Holder", "RunResult", "LockAnswer",
     "ClientError", "TransportError", "RequestTimeout", "ApiError", "BadRequestError", "UnavailableError",
     "LockLost", "LockNotAcquired", "Queue", "SyncQueue", "Message", "Delivery", "Push", "PushResult", "AckResult",
     "Timers", "SyncTimers", "Timer", "TimerResult",

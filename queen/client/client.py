@@ -13,6 +13,8 @@ held and closes the connections. Without `async with`, KV calls and handles with
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from urllib.parse import urlencode
 
 import anyio
 import anyio.abc
@@ -59,7 +61,7 @@ class Client:
         task_group, self._task_group = self._task_group, None
         try:
             for lock in list(self._held.values()):
-                await lock._release_quietly()
+                await lock.release_quietly()
             task_group.cancel_scope.cancel()
         finally:
             # The body's own exception is not passed in: it propagates as it is, never wrapped in
@@ -87,6 +89,19 @@ class Client:
 
     def transaction(self) -> Transaction:
         return Transaction(self._transport)
+
+    async def queues(self, prefix: str = "") -> AsyncIterator[dict]:
+        """Every queue whose name starts with `prefix`, in name order, with its counts (messages,
+        pending, inFlight, dlq, partitions, timers, groups), page after page."""
+        cursor = None
+        while True:
+            query = {"prefix": prefix, **({"cursor": cursor} if cursor else {})}
+            page = await self._transport.call("GET", f"/api/v1/resources/queues?{urlencode(query)}", safe=True)
+            for row in page["items"]:
+                yield row
+            cursor = page.get("cursor")
+            if cursor is None:
+                return
 
     def statistics(self) -> dict:
         transport = self._transport

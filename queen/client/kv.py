@@ -98,14 +98,14 @@ def write_op(op: str, ns: str, key: str, *, value=None, has_value=False, ttl=Non
         wire["value"] = value
     if op != "delete":
         wire.update(lifetime_fields(ttl, forever))
-    if expect is not None:
-        wire["expect"] = expect
-    if by is not None:
-        wire["by"] = by
-    if max is not None:
-        wire["max"] = max
-    if min is not None:
-        wire["min"] = min
+    return given(wire, expect=expect, by=by, max=max, min=min)
+
+
+def given(wire: dict, **fields) -> dict:
+    """wire with each of fields that is not None: the optional fields of a request."""
+    for name, value in fields.items():
+        if value is not None:
+            wire[name] = value
     return wire
 
 

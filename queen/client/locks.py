@@ -196,6 +196,11 @@ class Lock:
         self._callbacks.append(callback)
         return callback
 
+    def remove_on_lost(self, callback: Callable[[str], object]) -> None:
+        """Stop calling a callback given to on_lost (fine if it never was, or was called)."""
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
     async def wait_lost(self) -> str:
         """Return the reason once the current acquisition is lost."""
         event = self._lost_event
@@ -306,7 +311,9 @@ class Lock:
         result = await self._call(self._op("release", slot=slot, token=token))
         return bool(result["released"])
 
-    async def _release_quietly(self) -> None:
+    async def release_quietly(self) -> None:
+        """release(), bounded in time and shielded from cancellation, logging a failure instead of
+        raising it: for leaving a block or closing a client."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(min(self.ttl_s, RELEASE_GIVE_UP_S)):
             try:
                 await self.release()
@@ -330,7 +337,7 @@ class Lock:
             self._renew_scope = None
         if lease.state is State.LOST and lease.lost_reason == LostReason.EXPIRED and lease.acquisitions == acquisition:
             # Our last renewal may have landed with its answer lost: free the permit if it is.
-            await self._release_quietly()
+            await self.release_quietly()
 
     async def _renew(self) -> None:
         """Renew until it gets through or the lifetime passes on our clock."""
@@ -404,7 +411,7 @@ class Lock:
                 yield self
         finally:
             self._hold_scopes.remove(scope)
-            await self._release_quietly()
+            await self.release_quietly()
         if scope.cancel_called:  # only a loss cancels it
             raise LockLost(self.name, self._lease.lost_reason)
 
@@ -430,11 +437,66 @@ class Semaphore(Lock):
         super().__init__(client, name, ttl=ttl, limit=n, owner=owner, auto_renew=auto_renew)
 
 
+@dataclass(frozen=True, slots=True)
+class LockAnswer:
+    """The broker's answer to one lock call made without a handle (`client.locks.acquire`, `renew`,
+    `release`): `ok` when it was done, with the permit's slot, token, fence, owner and expiry;
+    otherwise the `reason` ("held", "timeout", "lost", "absent") and, for an acquire, the holders.
+    `wire` is the answer as the broker sent it."""
+
+    ok: bool
+    name: str
+    slot: int | None
+    token: int | None
+    fence: int | None
+    owner: str | None
+    expires_at_ms: int | None
+    reason: str | None
+    holders: list[Holder]
+    wire: dict
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    @classmethod
+    def from_wire(cls, name: str, done: str, wire: dict) -> LockAnswer:
+        return cls(bool(wire.get(done)), name, wire.get("slot"), wire.get("token"), wire.get("fence"),
+                   wire.get("owner"), wire.get("expiresAt"), wire.get("reason"),
+                   [Holder.from_wire(name, h) for h in wire.get("holders", ())], wire)
+
+
 class Locks:
-    """`client.locks`: lock calls without a handle (admin views, the CLI)."""
+    """`client.locks`: lock calls without a handle, for admin work and scripts (the CLI): nothing is
+    renewed or released for you. A handle (`client.lock(...)`) is what a program holding a lock
+    wants."""
 
     def __init__(self, client):
         self._client = client
+
+    async def acquire(self, name: str, *, ttl, owner: str | None = None, limit: int = 1,
+                      wait=None) -> LockAnswer:
+        """Take a permit of `name` (one of `limit`) for `ttl`; `wait` ("10s", at most 60 s) parks
+        the call until one frees. The owner (generated when not given) makes the call safe to retry."""
+        op = {"op": "acquire", "name": name, "ttlSeconds": ttl_seconds(ttl), "owner": owner or mint_owner()}
+        if limit != 1:
+            op["limit"] = limit
+        if wait is not None:
+            op["waitMs"] = int(min(seconds(wait, "wait"), 60) * 1000)
+        [result] = await self.call(op)
+        return LockAnswer.from_wire(name, "acquired", result)
+
+    async def renew(self, name: str, *, slot: int, token: int, ttl, owner: str | None = None) -> LockAnswer:
+        """Extend a held permit by `ttl` from now; the answer carries the new token."""
+        op = {"op": "renew", "name": name, "slot": slot, "token": token, "ttlSeconds": ttl_seconds(ttl)}
+        [result] = await self.call(_with_owner(op, owner))
+        return LockAnswer.from_wire(name, "renewed", result)
+
+    async def release(self, name: str, *, slot: int, token: int, owner: str | None = None) -> LockAnswer:
+        """Give a permit back, named by the token of its latest answer (a stuck one: the token the
+        listing shows)."""
+        op = {"op": "release", "name": name, "slot": slot, "token": token}
+        [result] = await self.call(_with_owner(op, owner))
+        return LockAnswer.from_wire(name, "released", result)
 
     async def call(self, *operations: dict) -> list[dict]:
         """Raw lock operations, answered in order (safe to retry only when each carries an owner)."""
@@ -461,3 +523,9 @@ class Locks:
             cursor = page.get("cursor")
             if not cursor:
                 return
+
+
+def _with_owner(op: dict, owner: str | None) -> dict:
+    if owner is not None:
+        op["owner"] = owner
+    return op

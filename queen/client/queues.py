@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from urllib.parse import quote, urlencode
@@ -34,6 +34,7 @@ from urllib.parse import quote, urlencode
 import anyio
 
 from queen.client.durations import seconds as seconds_of
+from queen.client.kv import given
 
 DEFAULT_GROUP = "__QUEUE_MODE__"
 WAIT_MS_MAX = 60_000  # the server parks a pop at most this long
@@ -260,6 +261,13 @@ class Queue:
             message.settled = True
         return [AckResult.from_wire(result) for result in answer]
 
+    async def ack_offset(self, lease_id: int, partition_id: int, offset: int, status: str = "completed", *,
+                         error: str | None = None, group: str | None = None) -> AckResult:
+        """Ack a message named by the ids a pop gave (a script's, or another process's, delivery)."""
+        wire = given({"partitionId": partition_id, "leaseId": lease_id, "offset": offset, "status": status},
+                     error=error, consumerGroup=group)
+        return AckResult.from_wire(await self._transport.call("POST", "/api/v1/ack", wire, safe=True))
+
     async def extend(self, lease_id: int, seconds: int | None = None) -> bool:
         """Push the lease's end to now + seconds (the queue's lease time by default); False when the
         lease is no longer live."""
@@ -272,36 +280,41 @@ class Queue:
         answer = await self._transport.call("POST", f"/api/v1/lease/{lease_id}/release", {}, safe=True)
         return answer["success"]
 
-    async def consume(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
-                      lease=None) -> AsyncIterator[Message]:
+    def consume(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
+                lease=None) -> AsyncIterator[Message]:
         """Every message of the queue for `group`, one at a time, forever (see the module docstring
         for how they are acked and what leaving the loop does). Needs `async with queen.Client()`."""
-        self._client._require_task_group()
-        lease_s = seconds_of(lease) if lease is not None else await self._lease_time_s()
-        while True:
-            delivery = await self.pop(group=group, batch=batch, partitions=partitions, wait=wait)
-            if not delivery.messages:
-                continue
-            keeper = _LeaseKeeper(self, delivery.lease_id, lease_s)
-            self._client._start(keeper.run)
-            handled: list[Message] = []
-            finished = False
-            try:
-                for message in delivery.messages:
-                    yield message
-                    if not message.settled:
-                        handled.append(message)
-                finished = True
-            finally:
-                keeper.stop()
-                with anyio.CancelScope(shield=True):
-                    await self._close_delivery(delivery, handled, finished)
+        return self.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease)
 
     async def process(self, handler: Callable[[Message], object | Awaitable[object]], *, group: str | None = None,
                       batch: int = 1, partitions: int = 1, wait="30s", lease=None) -> None:
         """Run handler(message) for every message, forever: its return acks "completed", its
         exception acks "failed" with the error's text. Cancel the call to stop; what was handled
         is acked and the lease released. Needs `async with queen.Client()`."""
+        steps = self.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease)
+        failure: Exception | None = None
+        try:
+            while True:
+                message = await steps.asend(failure)
+                try:
+                    outcome = handler(message)
+                    if inspect.isawaitable(outcome):
+                        await outcome
+                    failure = None
+                except Exception as error:  # noqa: BLE001 - the handler's failure is the message's
+                    failure = error
+        finally:
+            with anyio.CancelScope(shield=True):
+                await steps.aclose()
+
+    async def deliveries(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
+                         lease=None) -> AsyncGenerator[Message, Exception | None]:
+        """The one delivery loop behind consume() and process(), async and blocking alike: pops,
+        yields each message and is sent back how handling it went (None: done, acked "completed"
+        with the next pop's batch unless it was settled; an exception: acked "failed" at once with
+        what its partition completed before it, and the rest of that partition skipped: its lease
+        ended with the failure, so it comes back). Closing it acks what was done and releases the
+        lease, so the rest goes to the next consumer with retry counts unchanged."""
         self._client._require_task_group()
         lease_s = seconds_of(lease) if lease is not None else await self._lease_time_s()
         while True:
@@ -316,20 +329,18 @@ class Queue:
                 failed_partitions: set[int] = set()
                 for message in delivery.messages:
                     if message.partition_id in failed_partitions:
-                        continue  # its lease ended with the failure: it comes back to a consumer
-                    try:
-                        outcome = handler(message)
-                        if inspect.isawaitable(outcome):
-                            await outcome
-                    except Exception as error:  # noqa: BLE001 - the handler's failure is the message's
-                        failed = [m for m in handled if m.partition_id == message.partition_id]
-                        handled = [m for m in handled if m.partition_id != message.partition_id]
-                        wire = [m.ack_wire() for m in failed] + [message.ack_wire("failed", str(error)[:1024] or type(error).__name__)]
-                        await self._transport.call("POST", "/api/v1/ack/batch", {"acknowledgments": wire}, safe=True)
-                        failed_partitions.add(message.partition_id)
                         continue
-                    if not message.settled:
-                        handled.append(message)
+                    failure = yield message
+                    if failure is None:
+                        if not message.settled:
+                            handled.append(message)
+                        continue
+                    done = [m for m in handled if m.partition_id == message.partition_id]
+                    handled = [m for m in handled if m.partition_id != message.partition_id]
+                    wire = [m.ack_wire() for m in done]
+                    wire.append(message.ack_wire("failed", str(failure)[:1024] or type(failure).__name__))
+                    await self._transport.call("POST", "/api/v1/ack/batch", {"acknowledgments": wire}, safe=True)
+                    failed_partitions.add(message.partition_id)
                 finished = True
             finally:
                 keeper.stop()

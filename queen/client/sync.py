@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -30,11 +31,25 @@ from anyio.from_thread import BlockingPortal
 
 from queen.client.client import Client
 from queen.client.errors import LockLost, LockNotAcquired
-from queen.client.kv import PAGE_ITEMS_MAX, CheckResult, Item, WriteResult
-from queen.client.locks import Holder, Lock, RunResult
-from queen.client.queues import AckResult, Delivery, Message, PushResult, Queue, _LeaseKeeper
-from queen.client.timers import Timer, TimerResult
-from queen.client.txn import Transaction, TxnResult, _TxnKv
+from queen.client.kv import PAGE_ITEMS_MAX, Item, Kv
+from queen.client.locks import Holder, Lock, Locks, RunResult
+from queen.client.queues import Delivery, Message, Queue
+from queen.client.timers import Timer, Timers
+from queen.client.txn import TxnKv, TxnResult
+
+
+def _blocking(async_method):
+    """The blocking twin of an async method of a wrapped handle (`self._inner`): the same name,
+    signature and docstring, so a call written once in the async client is here too; it runs on the
+    client's loop thread and blocks until it is done."""
+    name = async_method.__name__
+
+    @functools.wraps(async_method)
+    def method(self, *args, **kwargs):
+        return self._sync._call(getattr(self._inner, name), *args, **kwargs)
+
+    return method
+
 
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
 _set_async_exc.argtypes = [ctypes.c_ulong, ctypes.py_object]
@@ -110,61 +125,53 @@ class SyncClient:
     def statistics(self) -> dict:
         return self._call(self._client.statistics)
 
+    def queues(self, prefix: str = "") -> list[dict]:
+        async def collect():
+            return [row async for row in self._client.queues(prefix)]
+        return self._call(collect)
+
 
 class SyncKv:
     """`client.kv` of the SyncClient: the same calls as the async one, blocking."""
 
     def __init__(self, sync: SyncClient):
         self._sync = sync
+        self._inner = sync._client.kv
 
-    def _kv(self):
-        return self._sync._client.kv
-
-    def get(self, ns: str, key: str) -> Item:
-        return self._sync._call(self._kv().get, ns, key)
-
-    def get_many(self, ns: str, keys: list[str]) -> list[Item]:
-        return self._sync._call(self._kv().get_many, ns, keys)
+    get = _blocking(Kv.get)
+    get_many = _blocking(Kv.get_many)
+    get_prefix_page = _blocking(Kv.get_prefix_page)
+    put = _blocking(Kv.put)
+    put_if_absent = _blocking(Kv.put_if_absent)
+    delete = _blocking(Kv.delete)
+    incr = _blocking(Kv.incr)
+    check = _blocking(Kv.check)
 
     def get_prefix(self, ns: str, prefix: str = "", *, page_size: int = PAGE_ITEMS_MAX) -> Iterator[Item]:
+        """Every live key under prefix, in key order, a page per call as the loop goes."""
         cursor = None
         while True:
-            page = self._sync._call(self._kv().get_prefix_page, ns, prefix, cursor, page_size)
+            page = self.get_prefix_page(ns, prefix, cursor, page_size)
             yield from page.items
             if page.cursor is None:
                 return
             cursor = page.cursor
 
-    def put(self, ns: str, key: str, value, *, ttl=None, forever: bool = False, expect: int | None = None) -> WriteResult:
-        return self._sync._call(self._kv().put, ns, key, value, ttl=ttl, forever=forever, expect=expect)
-
-    def put_if_absent(self, ns: str, key: str, value, *, ttl=None, forever: bool = False) -> WriteResult:
-        return self._sync._call(self._kv().put_if_absent, ns, key, value, ttl=ttl, forever=forever)
-
-    def delete(self, ns: str, key: str, *, expect: int | None = None) -> WriteResult:
-        return self._sync._call(self._kv().delete, ns, key, expect=expect)
-
-    def incr(self, ns: str, key: str, by: int = 1, *, max: int | None = None, min: int | None = None,
-             ttl=None, forever: bool = False, expect: int | None = None) -> WriteResult:
-        return self._sync._call(self._kv().incr, ns, key, by, max=max, min=min, ttl=ttl, forever=forever, expect=expect)
-
-    def check(self, ns: str, key: str, expect: int) -> CheckResult:
-        return self._sync._call(self._kv().check, ns, key, expect)
-
 
 class SyncLocks:
     def __init__(self, sync: SyncClient):
         self._sync = sync
+        self._inner = sync._client.locks
 
-    def call(self, *operations: dict) -> list[dict]:
-        return self._sync._call(self._sync._client.locks.call, *operations)
+    call = _blocking(Locks.call)
+    holders = _blocking(Locks.holders)
+    acquire = _blocking(Locks.acquire)
+    renew = _blocking(Locks.renew)
+    release = _blocking(Locks.release)
 
-    def holders(self, name: str) -> list[Holder]:
-        return self._sync._call(self._sync._client.locks.holders, name)
-
-    def list(self, prefix: str = "") -> list[Holder]:
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> list[Holder]:
         async def collect():
-            return [holder async for holder in self._sync._client.locks.list(prefix)]
+            return [holder async for holder in self._inner.list(prefix, page_size=page_size)]
         return self._sync._call(collect)
 
 
@@ -213,7 +220,7 @@ class _Hold:
     def _arm(self, interrupter: _Interrupter) -> None:  # on the loop thread, so no loss slips between
         inner = self.lock._lock
         if inner.held:
-            inner._callbacks.append(interrupter.fire)
+            inner.on_lost(interrupter.fire)
         else:
             interrupter.fire(inner.lost_reason)
 
@@ -222,13 +229,10 @@ class _Hold:
         interrupter.disarm()
         lock = self.lock
         inner = lock._lock
-        try:
-            inner._callbacks.remove(interrupter.fire)
-        except ValueError:
-            pass
+        inner.remove_on_lost(interrupter.fire)
         lost = interrupter.fired or lock.lost_reason is not None
         reason = lock.lost_reason
-        lock._sync._call(inner._release_quietly)
+        lock._sync._call(inner.release_quietly)
         if lost and (exc_type is None or issubclass(exc_type, LockLost)):
             raise LockLost(lock.name, reason) from None
         return False
@@ -239,7 +243,7 @@ class SyncLock:
 
     def __init__(self, sync: SyncClient, lock: Lock):
         self._sync = sync
-        self._lock = lock
+        self._lock = self._inner = lock
         self.name = lock.name
         self.owner = lock.owner
         self.ttl_s = lock.ttl_s
@@ -259,17 +263,15 @@ class SyncLock:
     lost_reason = property(lambda self: self._lock.lost_reason)
     refusal = property(lambda self: self._lock.refusal)
 
-    def acquire(self, wait=None) -> bool:
-        return self._sync._call(self._lock.acquire, wait)
+    acquire = _blocking(Lock.acquire)
+    release = _blocking(Lock.release)
+    renew = _blocking(Lock.renew)
+    keep_alive = _blocking(Lock.keep_alive)
+    status = _blocking(Lock.status)
+    release_quietly = _blocking(Lock.release_quietly)
 
-    def release(self) -> bool:
-        return self._sync._call(self._lock.release)
-
-    def renew(self) -> bool:
-        return self._sync._call(self._lock.renew)
-
-    def keep_alive(self) -> bool:
-        return self._sync._call(self._lock.keep_alive)
+    def remove_on_lost(self, callback: Callable[[str], object]) -> None:
+        self._lock.remove_on_lost(callback)
 
     def on_lost(self, callback: Callable[[str], object]) -> Callable[[str], object]:
         """callback(reason) on the client's loop thread when the lock is lost."""
@@ -296,8 +298,6 @@ class SyncLock:
             return RunResult(False, None, refused.reason)
         return RunResult(True, value)
 
-    def status(self) -> list[Holder]:
-        return self._sync._call(self._lock.status)
 
 
 class SyncTransaction:
@@ -305,8 +305,8 @@ class SyncTransaction:
 
     def __init__(self, sync: SyncClient):
         self._sync = sync
-        self._txn = Transaction(sync._client._transport)
-        self.kv = _TxnKv(self)
+        self._txn = sync._client.transaction()
+        self.kv = TxnKv(self)
 
     def _add(self, op: dict) -> SyncTransaction:
         self._txn._add(op)
@@ -352,147 +352,93 @@ class SyncTimers:
 
     def __init__(self, sync: SyncClient):
         self._sync = sync
+        self._inner = sync._client.timers
 
-    def schedule(self, queue: str, key: str, payload, *, at=None, delay=None, partition: str | None = None,
-                 transaction_id: str | None = None, trace_id: str | None = None) -> TimerResult:
-        return self._sync._call(self._sync._client.timers.schedule, queue, key, payload, at=at, delay=delay,
-                                partition=partition, transaction_id=transaction_id, trace_id=trace_id)
-
-    def cancel(self, queue: str, key: str) -> bool:
-        return self._sync._call(self._sync._client.timers.cancel, queue, key)
-
-    def get(self, queue: str, key: str) -> Timer | None:
-        return self._sync._call(self._sync._client.timers.get, queue, key)
+    schedule = _blocking(Timers.schedule)
+    cancel = _blocking(Timers.cancel)
+    get = _blocking(Timers.get)
 
     def list(self, queue: str, *, prefix: str = "", limit: int = 100) -> list[Timer]:
         async def collect():
-            return [timer async for timer in self._sync._client.timers.list(queue, prefix=prefix, limit=limit)]
+            return [timer async for timer in self._inner.list(queue, prefix=prefix, limit=limit)]
         return self._sync._call(collect)
 
 
 class SyncQueue:
     """`client.queue(name)` of the SyncClient: the async queue's calls, blocking. `consume()` is a
-    plain generator and `process()` a blocking loop; the lease is extended on the client's loop
-    thread while your code handles the messages."""
+    plain generator and `process()` a blocking loop, both driving the async queue's one delivery
+    loop (`Queue.deliveries`) from your thread; the lease is extended on the client's loop thread
+    while your code handles the messages."""
 
     def __init__(self, sync: SyncClient, queue: Queue):
         self._sync = sync
-        self._queue = queue
+        self._queue = self._inner = queue
         self.name = queue.name
 
     def __repr__(self) -> str:
         return f"<queen.SyncQueue {self.name!r}>"
 
-    def configure(self, **options) -> dict:
-        return self._sync._call(self._queue.configure, **options)
+    configure = _blocking(Queue.configure)
+    push = _blocking(Queue.push)
+    ack = _blocking(Queue.ack)
+    ack_many = _blocking(Queue.ack_many)
+    ack_offset = _blocking(Queue.ack_offset)
+    extend = _blocking(Queue.extend)
+    release = _blocking(Queue.release)
+    info = _blocking(Queue.info)
+    requeue = _blocking(Queue.requeue)
+    purge_dlq = _blocking(Queue.purge_dlq)
+    delete = _blocking(Queue.delete)
 
-    def push(self, payload, *, partition: str | None = None, transaction_id: str | None = None,
-             trace_id: str | None = None) -> PushResult:
-        return self._sync._call(self._queue.push, payload, partition=partition, transaction_id=transaction_id,
-                                trace_id=trace_id)
+    @functools.wraps(Queue.push_many)
+    def push_many(self, items, *, partition: str | None = None):
+        return self._sync._call(self._queue.push_many, list(items), partition=partition)  # read here, not there
 
-    def push_many(self, items, *, partition: str | None = None) -> list[PushResult]:
-        return self._sync._call(self._queue.push_many, list(items), partition=partition)
-
-    def pop(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, partition: str | None = None,
-            wait=None, auto_ack: bool = False, mode: str = "all") -> Delivery:
-        delivery = self._sync._call(self._queue.pop, group=group, batch=batch, partitions=partitions,
-                                    partition=partition, wait=wait, auto_ack=auto_ack, mode=mode)
+    @functools.wraps(Queue.pop)
+    def pop(self, *args, **kwargs) -> Delivery:
+        delivery = self._sync._call(self._queue.pop, *args, **kwargs)
         for message in delivery.messages:
-            message._queue = self
+            message._queue = self  # so message.ack() blocks too
         return delivery
 
-    def ack(self, message: Message, status: str = "completed", *, error: str | None = None) -> AckResult:
-        return self._sync._call(self._queue.ack, message, status, error=error)
-
-    def ack_many(self, messages: list[Message], status: str = "completed", *, error: str | None = None) -> list[AckResult]:
-        return self._sync._call(self._queue.ack_many, messages, status, error=error)
-
-    def extend(self, lease_id: int, seconds: int | None = None) -> bool:
-        return self._sync._call(self._queue.extend, lease_id, seconds)
-
-    def release(self, lease_id: int) -> bool:
-        return self._sync._call(self._queue.release, lease_id)
-
-    def info(self) -> dict:
-        return self._sync._call(self._queue.info)
-
-    def dlq(self, *, group: str | None = None) -> list[dict]:
+    def dlq(self, *, group: str | None = None, limit: int = 100) -> list[dict]:
         async def collect():
-            return [entry async for entry in self._queue.dlq(group=group)]
+            return [entry async for entry in self._queue.dlq(group=group, limit=limit)]
         return self._sync._call(collect)
 
-    def requeue(self, entries: list[dict], *, group: str | None = None) -> list[bool]:
-        return self._sync._call(self._queue.requeue, entries, group=group)
-
-    def purge_dlq(self, *, group: str | None = None) -> int:
-        return self._sync._call(self._queue.purge_dlq, group=group)
-
-    def delete(self) -> bool:
-        return self._sync._call(self._queue.delete)
-
-    def consume(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s", lease=None):
+    def consume(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
+                lease=None) -> Iterator[Message]:
         """Every message, one at a time, forever; acked "completed" when the loop asks for the
         next one. Leaving the loop acks what was handled and releases the lease."""
-        lease_s = self._sync._call(self._lease_time_s, lease)
-        while True:
-            delivery = self.pop(group=group, batch=batch, partitions=partitions, wait=wait)
-            if not delivery.messages:
-                continue
-            keeper = self._keep(delivery, lease_s)
-            handled, finished = [], False
-            try:
-                for message in delivery.messages:
-                    yield message
-                    if not message.settled:
-                        handled.append(message)
-                finished = True
-            finally:
-                self._close(keeper, delivery, handled, finished)
+        steps = self._queue.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease)
+        try:
+            while True:
+                yield self._next(steps, None)
+        finally:
+            self._close(steps)
 
     def process(self, handler, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
                 lease=None) -> None:
         """handler(message) for every message, forever: its return acks "completed", its exception
         "failed". Stop it with KeyboardInterrupt (or any exception raised around it)."""
-        lease_s = self._sync._call(self._lease_time_s, lease)
-        while True:
-            delivery = self.pop(group=group, batch=batch, partitions=partitions, wait=wait)
-            if not delivery.messages:
-                continue
-            keeper = self._keep(delivery, lease_s)
-            handled, finished = [], False
-            try:
-                failed_partitions = set()
-                for message in delivery.messages:
-                    if message.partition_id in failed_partitions:
-                        continue
-                    try:
-                        handler(message)
-                    except Exception as error:  # noqa: BLE001 - the handler's failure is the message's
-                        done = [m for m in handled if m.partition_id == message.partition_id]
-                        handled = [m for m in handled if m.partition_id != message.partition_id]
-                        if done:
-                            self.ack_many(done)
-                        self.ack(message, "failed", error=str(error)[:1024] or type(error).__name__)
-                        failed_partitions.add(message.partition_id)
-                        continue
-                    if not message.settled:
-                        handled.append(message)
-                finished = True
-            finally:
-                self._close(keeper, delivery, handled, finished)
+        steps = self._queue.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease)
+        failure: Exception | None = None
+        try:
+            while True:
+                message = self._next(steps, failure)
+                try:
+                    handler(message)
+                    failure = None
+                except Exception as error:  # noqa: BLE001 - the handler's failure is the message's
+                    failure = error
+        finally:
+            self._close(steps)
 
-    async def _lease_time_s(self, lease) -> float:
-        from queen.client.durations import seconds
-        return seconds(lease) if lease is not None else await self._queue._lease_time_s()
+    def _next(self, steps, failure: Exception | None) -> Message:
+        message = self._sync._call(steps.asend, failure)
+        message._queue = self
+        return message
 
-    def _keep(self, delivery: Delivery, lease_s: float) -> _LeaseKeeper:
-        keeper = _LeaseKeeper(self._queue, delivery.lease_id, lease_s)
-        self._sync._call(lambda: self._sync._client._start(keeper.run))
-        return keeper
-
-    def _close(self, keeper: _LeaseKeeper, delivery: Delivery, handled: list, finished: bool) -> None:
-        if self._sync._portal is None:
-            return
-        self._sync._call(keeper.stop)
-        self._sync._call(self._queue._close_delivery, delivery, handled, finished)
+    def _close(self, steps) -> None:
+        if self._sync._portal is not None:
+            self._sync._call(steps.aclose)

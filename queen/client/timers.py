@@ -23,6 +23,7 @@ from datetime import datetime
 from urllib.parse import urlencode
 
 from queen.client.durations import seconds as seconds_of
+from queen.client.kv import given
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +70,7 @@ def schedule_op(queue: str, key: str, payload, *, at=None, delay=None, partition
         op["at"] = int(at.timestamp() * 1000) if isinstance(at, datetime) else int(at)
     else:
         op["delayMs"] = int(round(seconds_of(delay, "delay") * 1000))
-    if partition is not None:
-        op["partition"] = partition
-    if transaction_id is not None:
-        op["transactionId"] = transaction_id
-    if trace_id is not None:
-        op["traceId"] = trace_id
-    return op
+    return given(op, partition=partition, transactionId=transaction_id, traceId=trace_id)
 
 
 class Timers:

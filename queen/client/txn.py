@@ -63,7 +63,7 @@ class TxnResult:
         return self.success
 
 
-class _TxnKv:
+class TxnKv:
     """`transaction.kv`: each call adds one operation and returns the transaction, for chaining."""
 
     def __init__(self, txn: Transaction):
@@ -89,7 +89,7 @@ class _TxnKv:
         return self._txn._add(write_op("incr", ns, key, ttl=ttl, forever=forever, expect=expect, by=by, max=max, min=min))
 
 
-class _TxnQueue:
+class TxnQueue:
     """`transaction.queue(name)`: pushes into one queue, returning the transaction."""
 
     def __init__(self, txn, name: str):
@@ -121,7 +121,7 @@ class Transaction:
         self._ops = self._sections["kv"]
         self._locks: list = []
         self._messages: list[Message] = []
-        self.kv = _TxnKv(self)
+        self.kv = TxnKv(self)
 
     def _add(self, op: dict) -> Transaction:
         self._ops.append(op)
@@ -141,8 +141,8 @@ class Transaction:
         self._messages.append(message)
         return self
 
-    def queue(self, name: str) -> _TxnQueue:
-        return _TxnQueue(self, name)
+    def queue(self, name: str) -> TxnQueue:
+        return TxnQueue(self, name)
 
     def timer(self, queue: str, key: str, payload=None, *, at=None, delay=None, partition: str | None = None,
               transaction_id: str | None = None, trace_id: str | None = None) -> Transaction:

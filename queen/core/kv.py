@@ -20,6 +20,7 @@ import binascii
 import orjson
 from sortedcontainers import SortedList
 
+from queen.core import names
 from queen.core import records as rec
 from queen.core.limits import INT64_MAX, INT64_MIN, Limits
 from queen.core.values import json_default
@@ -31,8 +32,22 @@ LOCKS_NS = "queen-locks"
 PAGE_ITEMS_DEFAULT = 100
 
 
+# The largest integer a JSON client reads exactly (JavaScript's Number is an IEEE double). Every
+# version, lock token, fence, lease, partition and message id is a value of the VersionCounter, so
+# none may pass it: no step that takes one past it reaches the log or an answer
+# (queen/runtime/steps.py), and recovery refuses a log whose versions went past it.
+VERSION_MAX = (1 << 53) - 1
+# Calls that write are refused once the counter is past this (queen/runtime/router.py). The 2^32
+# versions left are for what still takes versions after that: calls already admitted, parked
+# requests, the expiries and timers of what is in memory, and the ceiling block (2^16) each
+# restart skips. At a million versions a second the limit is 285 years away: in practice only
+# damage (or a build that believed a damaged frame's claim) gets there.
+VERSIONS_WRITABLE_MAX = VERSION_MAX - (1 << 32)
+
+
 class VersionCounter:
-    """The one global version sequence. Shared by every shard; safe because all run on one thread."""
+    """The one global version sequence. Shared by every shard; safe because all run on one thread.
+    Its values stay at or below VERSION_MAX (checked once per step, not per value)."""
 
     __slots__ = ("last",)
 
@@ -144,15 +159,14 @@ _LIFETIME = ("ttlSeconds", "forever")
 FIELDS = {
     "get": frozenset(("op", "ns", "key")),
     "getMany": frozenset(("op", "ns", "keys")),
-    # after, keysOnly and delta are the public Queen MQ client's spellings.
-    "getPrefix": frozenset(("op", "ns", "prefix", "cursor", "after", "limit", "keysOnly")),
+    "getPrefix": frozenset(("op", "ns", "prefix", "cursor", "limit", "keysOnly")),
     "check": frozenset(("op", "ns", "key", "expect", "required")),
-    # required (true) is the Queen MQ client's: a write's precondition always decides its transaction.
+    # A write takes required only as true: its precondition always decides its transaction.
     "put": frozenset(("op", "ns", "key", "value", "expect", "required", *_LIFETIME)),
     # expect is refused with its own message: putIfAbsent's condition is "absent".
     "putIfAbsent": frozenset(("op", "ns", "key", "value", "expect", "required", *_LIFETIME)),
     "delete": frozenset(("op", "ns", "key", "expect", "required")),
-    "incr": frozenset(("op", "ns", "key", "by", "delta", "max", "min", "expect", "required", *_LIFETIME)),
+    "incr": frozenset(("op", "ns", "key", "by", "max", "min", "expect", "required", *_LIFETIME)),
 }
 READ_OPS = frozenset(("get", "getMany", "getPrefix", "check"))
 WRITE_OPS = frozenset(("put", "putIfAbsent", "delete", "incr"))
@@ -176,13 +190,9 @@ def check_fields(raw: dict, allowed: frozenset, index, what: str = "operation") 
 
 
 def text(raw, field: str, bytes_max: int, index) -> str:
-    """A string of 1 to bytes_max UTF-8 bytes; 400 invalid_<field> otherwise."""
-    if type(raw) is not str:
-        fail(f"invalid_{field}", f"{field} must be a string", index)
-    size = len(raw) if raw.isascii() else len(raw.encode())
-    if size == 0 or size > bytes_max:
-        fail(f"invalid_{field}", f"{field} must be 1 to {bytes_max} bytes", index, bytes=size)
-    return raw
+    """A namespace or key: a name (queen/core/names.py) of 1 to bytes_max UTF-8 bytes; 400
+    invalid_<field> otherwise."""
+    return names.name(raw, field, f"invalid_{field}", bytes_max, index)
 
 
 def integer(raw, code: str, field: str, index, low=INT64_MIN, high=INT64_MAX) -> int:
@@ -243,13 +253,7 @@ def parse_kv_op(raw, index, limits: Limits, allow_reserved: bool = False, values
         if type(prefix) is not str or len(prefix.encode()) > limits.key_bytes_max:
             fail("invalid_prefix", f"prefix must be a string of at most {limits.key_bytes_max} bytes", index)
         op.prefix = prefix
-        after = raw.get("after")
-        if after is not None:  # a plain key, exclusive: the Queen MQ client's cursor
-            if raw.get("cursor") is not None:
-                fail("option_conflict", "give cursor or after, not both", index)
-            op.cursor = text(after, "after", limits.key_bytes_max, index) if after != "" else None
-        else:
-            op.cursor = decode_cursor(raw.get("cursor"), index)
+        op.cursor = decode_cursor(raw.get("cursor"), index)
         keys_only = raw.get("keysOnly", False)
         if keys_only is not True and keys_only is not False:
             fail("invalid_keys_only", "keysOnly must be true or false", index)
@@ -287,10 +291,6 @@ def parse_kv_op(raw, index, limits: Limits, allow_reserved: bool = False, values
             fail("invalid_expect", "putIfAbsent takes no expect; it applies only when the key is absent", index)
     elif name == "incr":
         by = raw.get("by")
-        if raw.get("delta") is not None:
-            if by is not None:
-                fail("option_conflict", "give by or delta (the same thing), not both", index)
-            by = integer(raw["delta"], "invalid_delta", "delta", index)
         op.by = integer(1 if by is None else by, "invalid_by", "by", index)
         if raw.get("max") is not None:
             op.max = integer(raw["max"], "invalid_max", "max", index)
@@ -335,13 +335,10 @@ def _item(row: Row | None) -> dict:
 
 
 def _missed(reason: str, row: Row | None) -> dict:
-    """A write's miss: the current row under `current`, and (as the Queen MQ client reads it) its
-    value and version at the top level too."""
+    """A write's miss: the reason, and the current row under `current`."""
     if row is None:
-        return {"applied": False, "reason": reason, "current": {"value": None, "version": 0}, "value": None,
-                "version": 0}
-    return {"applied": False, "reason": reason, "current": {"value": row.value, "version": row.version},
-            "value": row.value, "version": row.version}
+        return {"applied": False, "reason": reason, "current": {"value": None, "version": 0}}
+    return {"applied": False, "reason": reason, "current": {"value": row.value, "version": row.version}}
 
 
 def _check_reason(row: Row | None, expect: int) -> str:

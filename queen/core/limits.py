@@ -57,6 +57,10 @@ class Limits:
     # Timers: a key names an entity's reminder ("order-42:payment-timeout"), a composite like a KV key.
     timer_key_bytes_max: int = 1024
     timers_max: int = 10_000_000
+    # Work one tick does at most, so a backlog (timers due after a long downtime, a million producer
+    # ids whose windows end together) is worked off in bounded steps, not one long pause.
+    timer_fires_per_tick_max: int = 10_000
+    producer_ids_per_tick_max: int = 2000  # looked at, per partition
 
     def problems(self) -> list[str]:
         """Sentences for combinations that cannot work; empty when sound."""

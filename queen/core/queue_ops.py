@@ -2,10 +2,8 @@
 requeue, and the listings' parameters. Everything is checked here, before anything is applied: a
 request that breaks a rule is refused whole with a 400 and a snake_case code.
 
-Names follow the public Queen MQ broker where it has the thing (routes, `items`, `payload`,
-`acknowledgments`, `consumerGroup`, option aliases); its spellings that Queen does not implement
-are refused unless they ask for nothing (an option at its "off" value), so a migrated
-configuration never looks honoured when it is not.
+These parse our own spellings only: another client's dialect is mapped to them in the HTTP layer
+before it gets here.
 
 Pure: no I/O, no clock. Raises BadRequest.
 """
@@ -14,12 +12,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 
 import orjson
 
 from queen.core.kv import check_fields, fail
 from queen.core.limits import INT64_MAX, Limits
+from queen.core.names import name
 from queen.core.values import json_default
 from queen.errors import BadRequest
 
@@ -30,37 +28,18 @@ GENERATED_ID_PREFIX = "queen:"
 STATUSES = ("completed", "failed", "dlq")
 MODES = ("all", "new")
 
-_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f]")
-
-# canonical name -> (Queen MQ alias or None, default, low, high); dlqAfterMaxRetries is a boolean.
+# name -> (default, low, high); dlqAfterMaxRetries is a boolean (no bounds).
 OPTIONS = {
-    "leaseTimeSeconds": ("leaseTime", 300, 1, 86_400),
-    "retryLimit": (None, 3, 0, 1_000),
-    "dlqAfterMaxRetries": (None, True, None, None),
-    "delayedProcessingSeconds": ("delayedProcessing", 0, 0, 604_800),
-    "retentionSeconds": (None, 0, 0, 31_536_000),
-    "completedRetentionSeconds": (None, 0, 0, 31_536_000),
-    "dedupWindowSeconds": (None, 900, 1, 604_800),
-    "maxSize": (None, 1_000_000, 0, 100_000_000),
+    "leaseTimeSeconds": (300, 1, 86_400),
+    "retryLimit": (3, 0, 1_000),
+    "dlqAfterMaxRetries": (True, None, None),
+    "delayedProcessingSeconds": (0, 0, 604_800),
+    "retentionSeconds": (0, 0, 31_536_000),
+    "completedRetentionSeconds": (0, 0, 31_536_000),
+    "dedupWindowSeconds": (900, 1, 604_800),
+    "maxSize": (1_000_000, 0, 100_000_000),
 }
-DEFAULT_OPTIONS = {name: spec[1] for name, spec in OPTIONS.items()}
-_ALIASES = {spec[0]: name for name, spec in OPTIONS.items() if spec[0] is not None}
-# Queen MQ options Queen does not implement, and the value at which each asks for nothing (None:
-# no such value, always refused). Its client sends the "off" ones on every create.
-UNSUPPORTED_OPTIONS = {"priority": 0, "windowBuffer": 0, "encryptionEnabled": False, "retentionEnabled": False,
-                       "maxWaitTimeSeconds": 0, "retryDelay": None, "deadLetterQueue": None, "ttl": None}
-
-
-def name(raw, field: str, code: str, bytes_max: int, index=None) -> str:
-    """A name: a string of 1 to bytes_max UTF-8 bytes without control characters."""
-    if type(raw) is not str:
-        fail(code, f"{field} must be a string", index)
-    size = len(raw) if raw.isascii() else len(raw.encode())
-    if not 1 <= size <= bytes_max:
-        fail(code, f"{field} must be 1 to {bytes_max} bytes", index, bytes=size)
-    if _CONTROL_CHARACTER.search(raw) is not None:
-        fail(code, f"{field} must not contain control characters", index)
-    return raw
+DEFAULT_OPTIONS = {name: spec[0] for name, spec in OPTIONS.items()}
 
 
 def queue_name(raw, limits: Limits, index=None) -> str:
@@ -89,9 +68,29 @@ def producer_id(raw, limits: Limits, index=None) -> str | None:
     return tid
 
 
+# The longest decimal number any parameter may be written with: INT64_MAX has 19 digits. The length
+# is checked before int() reads a number: int() of a long digit string takes time quadratic in its
+# length, and past 4,300 digits Python refuses it with a ValueError (which would answer 500).
+NUMBER_DIGITS_MAX = 19
+
+
+def whole_number(raw: str, field: str, code: str, low: int = 0, high: int = INT64_MAX) -> int:
+    """A whole number written in decimal in a query string or a path (ASCII digits, at most
+    NUMBER_DIGITS_MAX of them), from low to high; 400 `code` otherwise."""
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= NUMBER_DIGITS_MAX) or not low <= int(raw) <= high:
+        raise BadRequest(code, f"{field} must be a whole number from {low} to {high}", {"field": field})
+    return int(raw)
+
+
+def query_number(params: dict, field: str, code: str, default: int, low: int = 0, high: int = INT64_MAX) -> int:
+    """The query parameter `field` as a whole_number, or default when it is absent."""
+    raw = params.get(field)
+    return default if raw is None else whole_number(raw, field, code, low, high)
+
+
 def identifier(raw, code: str, field: str, index=None) -> int:
     """An id (partitionId, leaseId): a positive integer, or its decimal string."""
-    if type(raw) is str and raw.isascii() and raw.isdigit() and len(raw) <= 19:
+    if type(raw) is str and raw.isascii() and raw.isdigit() and len(raw) <= NUMBER_DIGITS_MAX:
         raw = int(raw)
     if type(raw) is not int or not 1 <= raw <= INT64_MAX:
         fail(code, f"{field} must be a positive integer (the id an earlier answer gave)", index)
@@ -100,16 +99,10 @@ def identifier(raw, code: str, field: str, index=None) -> int:
 
 # -- configure --------------------------------------------------------------------------------------
 
-_CONFIGURE_FIELDS = frozenset(("queue", "options", "namespace", "task"))
-
-
 def parse_configure(document, limits: Limits) -> tuple[str, dict]:
     """(queue, {canonical option: value}) of a configure call."""
     if type(document) is not dict:
         raise BadRequest("invalid_body", 'the body must be an object: {"queue": ..., "options": {...}}')
-    for field in ("namespace", "task"):
-        if field in document and document[field] is None:
-            document = {k: v for k, v in document.items() if k != field}
     check_fields(document, frozenset(("queue", "options")), None, "body")
     queue = queue_name(document.get("queue"), limits)
     raw = document.get("options")
@@ -121,27 +114,16 @@ def parse_configure(document, limits: Limits) -> tuple[str, dict]:
     for option, value in raw.items():
         if value is None:
             continue
-        canonical = option if option in OPTIONS else _ALIASES.get(option)
-        if canonical is None:
-            if option in UNSUPPORTED_OPTIONS:
-                off = UNSUPPORTED_OPTIONS[option]
-                if off is not None and value == off and type(value) is type(off):
-                    continue
-                raise BadRequest("unsupported_option", f"{option} is not supported by Queen" + (
-                    f" (only {orjson.dumps(off).decode()}, which asks for nothing)" if off is not None else ""),
-                    {"option": option, "supported": sorted(OPTIONS)})
+        if option not in OPTIONS:
             raise BadRequest("unknown_option", f"unknown option {option!r}", {"option": option, "supported": sorted(OPTIONS)})
-        if canonical in changes:
-            raise BadRequest("option_conflict", f"{canonical} is given twice (also as {OPTIONS[canonical][0]})",
-                             {"option": canonical})
-        _, _, low, high = OPTIONS[canonical]
+        _, low, high = OPTIONS[option]
         if low is None:
             if type(value) is not bool:
-                raise BadRequest("invalid_option", f"{canonical} must be true or false", {"option": canonical})
+                raise BadRequest("invalid_option", f"{option} must be true or false", {"option": option})
         elif type(value) is not int or not low <= value <= high:
-            raise BadRequest("invalid_option", f"{canonical} must be an integer from {low} to {high}",
-                             {"option": canonical, "min": low, "max": high})
-        changes[canonical] = value
+            raise BadRequest("invalid_option", f"{option} must be an integer from {low} to {high}",
+                             {"option": option, "min": low, "max": high})
+        changes[option] = value
     return queue, changes
 
 
@@ -168,10 +150,6 @@ def parse_push(document, limits: Limits, section: str | None = None) -> list[Pus
     if section is None:
         if type(document) is not dict:
             raise BadRequest("invalid_body", 'the body must be an object: {"items": [...]}')
-        for field in ("bufferMs", "bufferMax"):
-            if field in document:
-                raise BadRequest("unsupported_field", f"{field} is not supported: Queen answers a push only once it is "
-                                 "durable, never from a buffer", {"field": field})
         check_fields(document, _PUSH_FIELDS, None, "body")
         raw_items = document.get("items")
     else:
@@ -240,18 +218,7 @@ class PopOp:
         self.mode = mode
 
 
-_POP_PARAMS = frozenset(("batch", "partitions", "waitMs", "wait", "timeout", "consumerGroup", "autoAck",
-                         "subscriptionMode", "autopilot", "frames", "conflation"))
-_QUEEN_MQ_TIMEOUT_DEFAULT_MS = 30_000
-
-
-def _count(params: dict, field: str, code: str, default: int, low: int, high: int) -> int:
-    raw = params.get(field)
-    if raw is None:
-        return default
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or not low <= int(raw) <= high:
-        raise BadRequest(code, f"{field} must be a whole number from {low} to {high}", {"field": field})
-    return int(raw)
+_POP_PARAMS = frozenset(("batch", "partitions", "waitMs", "consumerGroup", "autoAck", "subscriptionMode"))
 
 
 def _flag(params: dict, field: str, code: str) -> bool:
@@ -271,21 +238,9 @@ def parse_pop(queue_raw: str, partition_raw: str | None, params: dict, limits: L
     queue = queue_name(queue_raw, limits)
     partition = None if partition_raw is None else name(partition_raw, "partition", "invalid_partition",
                                                         limits.partition_name_bytes_max)
-    batch = _count(params, "batch", "invalid_batch", 1, 1, limits.pop_batch_max)
-    partitions = _count(params, "partitions", "invalid_partitions", 1, 1, limits.pop_partitions_max)
-    queen_mq_wait = "wait" in params or "timeout" in params
-    if "waitMs" in params and queen_mq_wait:
-        raise BadRequest("wait_conflict", "give waitMs, or Queen MQ's wait=true&timeout=, not both")
-    if queen_mq_wait:
-        waiting = _flag(params, "wait", "invalid_wait_ms")
-        timeout = params.get("timeout")
-        if timeout is not None and not (timeout.isascii() and timeout.isdigit()):
-            raise BadRequest("invalid_wait_ms", "timeout must be a whole number of milliseconds")
-        # Queen MQ's client sends long timeouts; ours end at the longest wait a pop may have.
-        wait_ms = min(int(timeout), limits.wait_ms_max) if timeout is not None else _QUEEN_MQ_TIMEOUT_DEFAULT_MS
-        wait_ms = wait_ms if waiting else 0
-    else:
-        wait_ms = _count(params, "waitMs", "invalid_wait_ms", 0, 0, limits.wait_ms_max)
+    batch = query_number(params, "batch", "invalid_batch", 1, 1, limits.pop_batch_max)
+    partitions = query_number(params, "partitions", "invalid_partitions", 1, 1, limits.pop_partitions_max)
+    wait_ms = query_number(params, "waitMs", "invalid_wait_ms", 0, 0, limits.wait_ms_max)
     group = group_name(params.get("consumerGroup"), limits)
     auto_ack = _flag(params, "autoAck", "invalid_auto_ack")
     mode = params.get("subscriptionMode", "all")
@@ -438,7 +393,7 @@ def decode_dlq_cursor(raw: str | None) -> tuple | None:
 
 
 def page_limit(params: dict, limits: Limits) -> int:
-    return _count(params, "limit", "invalid_limit", 100, 1, limits.page_items_max)
+    return query_number(params, "limit", "invalid_limit", 100, 1, limits.page_items_max)
 
 
 def check_params(params: dict, allowed: frozenset) -> None:

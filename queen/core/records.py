@@ -1,5 +1,9 @@
 """Every kind of record the write-ahead log and the snapshots hold: one table, one encoder per kind,
-one decoder for all. Nothing else in the code knows where a field sits.
+one decoder for all. Nothing else in the code knows where a field sits or what number a kind has.
+
+Each kind's number is written once, in `Kind`; `SCHEMA` maps it to its record type (whose fields,
+in order, are the record's) and to the check decoding runs on those fields. The table below is the
+same schema in words; tests/core/test_records.py holds it to the code.
 
 A record is an effect, never a request: what changed, so replay reaches the same state whatever the
 clock says then. On disk a frame's (or a snapshot section's) records are one flat CBOR array, each
@@ -24,8 +28,8 @@ encoding"), and a frame holds hundreds of records.
 | 24   | lease_end | version, queue, group, lease_id, partition_id, at_ms                               | version         |
 | 25   | lease_extend | version, queue, group, lease_id, expires_at_ms                                  | version         |
 | 26   | remove    | version, queue, partition_id, below_offset, dlq_too, at_ms                         | version         |
-| 27   | group_partition_32 | queue, group, partition_id, floor, resolved, retries, dlq (read only)     | no (snapshots)  |
-| 28   | dedupe    | queue, partition_id, transaction_id, offset, message_id, created_at_ms, until_ms   | no (snapshots)  |
+| 27   | group_partition_32 | queue, group, partition_id, floor, resolved, retries, dlq                 | no (snapshots)  |
+| 28   | dedupe    | queue, partition_id, ids, entries                                                  | no (snapshots)  |
 | 29   | partition_state | queue, partition_id, next_offset, removed_below                              | no (snapshots)  |
 | 30   | partition_messages | queue, partition_id, offsets, lengths, packed                             | no (snapshots)  |
 | 31   | group_partition | queue, group, partition_id, floor, resolved, retries, dlq                    | no (snapshots)  |
@@ -85,8 +89,9 @@ Timers (kinds 40-43):
   lengths of their packed forms and those packed forms concatenated (queen/core/timers.py owns
   the layout).
 
-Versions are global, dense and rising: every versioned record takes the next one, in log order. A kind this build does not know is refused as
-"written by a newer build": guessing at it could only lose data.
+Versions are global, dense and rising: every versioned record takes the next one, in log order. A
+kind this build does not know is refused as "written by a newer build": guessing at it could only
+lose data.
 
 Pure: no I/O. Encoders append to a flat list (the frame's); `decode` turns a flat list back into
 typed records and checks every field's type, raising RecordError for anything else.
@@ -333,14 +338,21 @@ class PendingTimers(NamedTuple):
     packed: bytes  # the packed timers, concatenated
 
 
-QUEUE_RECORDS = (QueueSet, QueueDelete, PartitionCreate, Append, GroupJoin, GroupDelete, Grant, MessageState, LeaseEnd,
-                 LeaseExtend, Remove, GroupPartition, GroupPartition32, Dedupe, PartitionState, PartitionMessages, TimerSet, TimerCancel,
-                 TimerFired, PendingTimers)
 Record = Put | Delete | Ceiling | SegmentCut | QueueSet | QueueDelete | PartitionCreate | Append | GroupJoin | \
     GroupDelete | Grant | MessageState | LeaseEnd | LeaseExtend | Remove | GroupPartition | GroupPartition32 | Dedupe | PartitionState | \
     PartitionMessages | TimerSet | TimerCancel | TimerFired | PendingTimers
 
+# The kind numbers as plain ints for the encoders: the hot path appends them without an enum lookup.
 _PUT, _DELETE, _CEILING, _SEGMENT_CUT = int(Kind.PUT), int(Kind.DELETE), int(Kind.CEILING), int(Kind.SEGMENT_CUT)
+_QUEUE_SET, _QUEUE_DELETE, _PARTITION, _APPEND = (int(Kind.QUEUE_SET), int(Kind.QUEUE_DELETE), int(Kind.PARTITION),
+                                                  int(Kind.APPEND))
+_GROUP_JOIN, _GROUP_DELETE, _GRANT, _MESSAGE_STATE = (int(Kind.GROUP_JOIN), int(Kind.GROUP_DELETE), int(Kind.GRANT),
+                                                      int(Kind.MESSAGE_STATE))
+_LEASE_END, _LEASE_EXTEND, _REMOVE = int(Kind.LEASE_END), int(Kind.LEASE_EXTEND), int(Kind.REMOVE)
+_DEDUPE, _PARTITION_STATE, _PARTITION_MESSAGES, _GROUP_PARTITION = (
+    int(Kind.DEDUPE), int(Kind.PARTITION_STATE), int(Kind.PARTITION_MESSAGES), int(Kind.GROUP_PARTITION))
+_TIMER_SET, _TIMER_CANCEL, _TIMER_FIRED, _PENDING_TIMERS = (int(Kind.TIMER_SET), int(Kind.TIMER_CANCEL),
+                                                            int(Kind.TIMER_FIRED), int(Kind.PENDING_TIMERS))
 
 
 # -- encoders: append one record to a flat list ---------------------------------------------------
@@ -363,69 +375,85 @@ def segment_cut(out: list, next_segment: int) -> None:
 
 
 def queue_set(out: list, version: int, queue: str, created_at_ms: int, options: dict) -> None:
-    out += (16, version, queue, created_at_ms, options)
+    out += (_QUEUE_SET, version, queue, created_at_ms, options)
 
 
 def queue_delete(out: list, version: int, queue: str) -> None:
-    out += (17, version, queue)
+    out += (_QUEUE_DELETE, version, queue)
 
 
 def partition(out: list, version: int, queue: str, name: str, created_at_ms: int) -> None:
-    out += (18, version, queue, name, created_at_ms)
+    out += (_PARTITION, version, queue, name, created_at_ms)
 
 
 def append(out: list, version: int, queue: str, partition_id: int, offset: int, transaction_id, data, trace_id,
            created_at_ms: int, available_at_ms: int, dedupe_until_ms: int) -> None:
-    out += (19, version, queue, partition_id, offset, transaction_id, data, trace_id, created_at_ms, available_at_ms,
+    out += (_APPEND, version, queue, partition_id, offset, transaction_id, data, trace_id, created_at_ms, available_at_ms,
             dedupe_until_ms)
 
 
 def group_join(out: list, version: int, queue: str, group: str, mode: str, joined_at_ms: int) -> None:
-    out += (20, version, queue, group, mode, joined_at_ms)
+    out += (_GROUP_JOIN, version, queue, group, mode, joined_at_ms)
 
 
 def group_delete(out: list, version: int, queue: str, group: str) -> None:
-    out += (21, version, queue, group)
+    out += (_GROUP_DELETE, version, queue, group)
 
 
 def grant(out: list, version: int, queue: str, group: str, acquired_at_ms: int, expires_at_ms: int, auto_ack: bool,
           deliveries: list) -> None:
-    out += (22, version, queue, group, acquired_at_ms, expires_at_ms, auto_ack, deliveries)
+    out += (_GRANT, version, queue, group, acquired_at_ms, expires_at_ms, auto_ack, deliveries)
 
 
 def message_state(out: list, version: int, queue: str, group: str, partition_id: int, offset: int, state: str,
                   retry_count: int, error, at_ms: int) -> None:
-    out += (23, version, queue, group, partition_id, offset, state, retry_count, error, at_ms)
+    out += (_MESSAGE_STATE, version, queue, group, partition_id, offset, state, retry_count, error, at_ms)
 
 
 def lease_end(out: list, version: int, queue: str, group: str, lease_id: int, partition_id: int, at_ms: int) -> None:
-    out += (24, version, queue, group, lease_id, partition_id, at_ms)
+    out += (_LEASE_END, version, queue, group, lease_id, partition_id, at_ms)
 
 
 def lease_extend(out: list, version: int, queue: str, group: str, lease_id: int, expires_at_ms: int) -> None:
-    out += (25, version, queue, group, lease_id, expires_at_ms)
+    out += (_LEASE_EXTEND, version, queue, group, lease_id, expires_at_ms)
 
 
 def remove(out: list, version: int, queue: str, partition_id: int, below_offset: int, dlq_too: bool, at_ms: int) -> None:
-    out += (26, version, queue, partition_id, below_offset, dlq_too, at_ms)
+    out += (_REMOVE, version, queue, partition_id, below_offset, dlq_too, at_ms)
 
 
 def timer_set(out: list, version: int, queue: str, key: str, at_ms: int, scheduled_at_ms: int, partition: str,
               payload: bytes, transaction_id, trace_id) -> None:
-    out += (40, version, queue, key, at_ms, scheduled_at_ms, partition, payload, transaction_id, trace_id)
+    out += (_TIMER_SET, version, queue, key, at_ms, scheduled_at_ms, partition, payload, transaction_id, trace_id)
 
 
 def group_partition(out: list, queue: str, group: str, partition_id: int, floor: int, resolved: bytes,
                     retries: list, dlq: list) -> None:
-    out += (31, queue, group, partition_id, floor, resolved, retries, dlq)
+    out += (_GROUP_PARTITION, queue, group, partition_id, floor, resolved, retries, dlq)
+
+
+def dedupe(out: list, queue: str, partition_id: int, ids: list, entries: bytes) -> None:
+    out += (_DEDUPE, queue, partition_id, ids, entries)
+
+
+def partition_state(out: list, queue: str, partition_id: int, next_offset: int, removed_below: int) -> None:
+    out += (_PARTITION_STATE, queue, partition_id, next_offset, removed_below)
+
+
+def partition_messages(out: list, queue: str, partition_id: int, offsets: bytes, lengths: bytes, packed: bytes) -> None:
+    out += (_PARTITION_MESSAGES, queue, partition_id, offsets, lengths, packed)
+
+
+def pending_timers(out: list, queue: str, keys: list, lengths: bytes, packed: bytes) -> None:
+    out += (_PENDING_TIMERS, queue, keys, lengths, packed)
 
 
 def timer_cancel(out: list, version: int, queue: str, key: str) -> None:
-    out += (41, version, queue, key)
+    out += (_TIMER_CANCEL, version, queue, key)
 
 
 def timer_fired(out: list, version: int, queue: str, key: str) -> None:
-    out += (42, version, queue, key)
+    out += (_TIMER_FIRED, version, queue, key)
 
 
 def encode(out: list, record: Record) -> None:
@@ -434,10 +462,6 @@ def encode(out: list, record: Record) -> None:
     out += record
 
 
-_KIND_OF = {Put: _PUT, Delete: _DELETE, Ceiling: _CEILING, SegmentCut: _SEGMENT_CUT, QueueSet: 16, QueueDelete: 17,
-            PartitionCreate: 18, Append: 19, GroupJoin: 20, GroupDelete: 21, Grant: 22, MessageState: 23, LeaseEnd: 24,
-            LeaseExtend: 25, Remove: 26, GroupPartition32: 27, Dedupe: 28, PartitionState: 29, PartitionMessages: 30, GroupPartition: 31,
-            TimerSet: 40, TimerCancel: 41, TimerFired: 42, PendingTimers: 43}
 
 
 # -- decoding ---------------------------------------------------------------------------------------
@@ -491,40 +515,47 @@ def _check_group_partition(f) -> bool:
 _STATES = frozenset(("completed", "pending", "dlq", "purged"))
 
 
-# kind -> (record type, field count, field check)
-_SCHEMA = {
-    _PUT: (Put, 8, _check_put),
-    _DELETE: (Delete, 3, _check_delete),
-    _CEILING: (Ceiling, 1, lambda f: _version(f[0])),
-    _SEGMENT_CUT: (SegmentCut, 1, lambda f: type(f[0]) is int and 1 <= f[0] <= INT64_MAX),
-    16: (QueueSet, 4, lambda f: _version(f[0]) and _str(f[1]) and _time(f[2]) and type(f[3]) is dict),
-    17: (QueueDelete, 2, lambda f: _version(f[0]) and _str(f[1])),
-    18: (PartitionCreate, 4, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _time(f[3])),
-    19: (Append, 10, lambda f: _version(f[0]) and _str(f[1]) and _version(f[2]) and _int(f[3]) and _opt_str(f[4])
+# The one schema: each kind's record type (its fields, in order, are the type's) and the check of
+# those fields' types that decoding runs. A kind number is written once, in Kind.
+SCHEMA: dict[Kind, tuple] = {
+    Kind.PUT: (Put, _check_put),
+    Kind.DELETE: (Delete, _check_delete),
+    Kind.CEILING: (Ceiling, lambda f: _version(f[0])),
+    Kind.SEGMENT_CUT: (SegmentCut, lambda f: type(f[0]) is int and 1 <= f[0] <= INT64_MAX),
+    Kind.QUEUE_SET: (QueueSet, lambda f: _version(f[0]) and _str(f[1]) and _time(f[2]) and type(f[3]) is dict),
+    Kind.QUEUE_DELETE: (QueueDelete, lambda f: _version(f[0]) and _str(f[1])),
+    Kind.PARTITION: (PartitionCreate, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _time(f[3])),
+    Kind.APPEND: (Append, lambda f: _version(f[0]) and _str(f[1]) and _version(f[2]) and _int(f[3]) and _opt_str(f[4])
          and type(f[5]) is bytes and _opt_str(f[6]) and _time(f[7]) and _time(f[8]) and _time(f[9])),
-    20: (GroupJoin, 5, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and f[3] in ("all", "new") and _time(f[4])),
-    21: (GroupDelete, 3, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2])),
-    22: (Grant, 7, _check_grant),
-    23: (MessageState, 9, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _version(f[3]) and _int(f[4])
+    Kind.GROUP_JOIN: (GroupJoin, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and f[3] in ("all", "new") and _time(f[4])),
+    Kind.GROUP_DELETE: (GroupDelete, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2])),
+    Kind.GRANT: (Grant, _check_grant),
+    Kind.MESSAGE_STATE: (MessageState, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _version(f[3]) and _int(f[4])
          and f[5] in _STATES and _int(f[6]) and _opt_str(f[7]) and _time(f[8])),
-    24: (LeaseEnd, 6, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _version(f[3]) and _int(f[4]) and _time(f[5])),
-    25: (LeaseExtend, 5, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _version(f[3]) and _time(f[4])),
-    26: (Remove, 6, lambda f: _version(f[0]) and _str(f[1]) and _version(f[2]) and _int(f[3]) and type(f[4]) is bool
+    Kind.LEASE_END: (LeaseEnd, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _version(f[3]) and _int(f[4]) and _time(f[5])),
+    Kind.LEASE_EXTEND: (LeaseExtend, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _version(f[3]) and _time(f[4])),
+    Kind.REMOVE: (Remove, lambda f: _version(f[0]) and _str(f[1]) and _version(f[2]) and _int(f[3]) and type(f[4]) is bool
          and _time(f[5])),
-    27: (GroupPartition32, 7, _check_group_partition),
-    31: (GroupPartition, 7, _check_group_partition),
-    28: (Dedupe, 4, lambda f: _str(f[0]) and _version(f[1]) and type(f[2]) is list and all(type(i) is str for i in f[2])
+    Kind.GROUP_PARTITION_32: (GroupPartition32, _check_group_partition),
+    Kind.GROUP_PARTITION: (GroupPartition, _check_group_partition),
+    Kind.DEDUPE: (Dedupe, lambda f: _str(f[0]) and _version(f[1]) and type(f[2]) is list and all(type(i) is str for i in f[2])
          and type(f[3]) is bytes),
-    29: (PartitionState, 4, lambda f: _str(f[0]) and _version(f[1]) and _int(f[2]) and _int(f[3]) and f[3] <= f[2]),
-    30: (PartitionMessages, 5, lambda f: _str(f[0]) and _version(f[1]) and type(f[2]) is bytes and type(f[3]) is bytes
+    Kind.PARTITION_STATE: (PartitionState, lambda f: _str(f[0]) and _version(f[1]) and _int(f[2]) and _int(f[3]) and f[3] <= f[2]),
+    Kind.PARTITION_MESSAGES: (PartitionMessages, lambda f: _str(f[0]) and _version(f[1]) and type(f[2]) is bytes and type(f[3]) is bytes
          and type(f[4]) is bytes and len(f[2]) == 2 * len(f[3]) and len(f[2]) % 8 == 0),
-    40: (TimerSet, 9, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _time(f[3]) and _time(f[4])
+    Kind.TIMER_SET: (TimerSet, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _time(f[3]) and _time(f[4])
          and _str(f[5]) and type(f[6]) is bytes and _opt_str(f[7]) and _opt_str(f[8])),
-    41: (TimerCancel, 3, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2])),
-    42: (TimerFired, 3, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2])),
-    43: (PendingTimers, 4, lambda f: _str(f[0]) and type(f[1]) is list and all(type(k) is str for k in f[1])
+    Kind.TIMER_CANCEL: (TimerCancel, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2])),
+    Kind.TIMER_FIRED: (TimerFired, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2])),
+    Kind.PENDING_TIMERS: (PendingTimers, lambda f: _str(f[0]) and type(f[1]) is list and all(type(k) is str for k in f[1])
          and type(f[2]) is bytes and type(f[3]) is bytes and len(f[2]) == 4 * len(f[1])),
 }
+
+_DECODERS = {int(kind): (cls, len(cls._fields), check) for kind, (cls, check) in SCHEMA.items()}
+_KIND_OF = {cls: int(kind) for kind, (cls, _) in SCHEMA.items()}
+# The records of queues and their timers (kept by the queue's shard), and those that take no version.
+QUEUE_RECORDS = tuple(cls for cls, _ in SCHEMA.values() if "queue" in cls._fields)
+_UNVERSIONED = tuple(cls for cls, _ in SCHEMA.values() if "version" not in cls._fields)
 
 
 def decode(flat) -> list[Record]:
@@ -537,7 +568,7 @@ def decode(flat) -> list[Record]:
     new = tuple.__new__
     while position < end:
         kind = flat[position]
-        spec = _SCHEMA.get(kind) if type(kind) is int else None
+        spec = _DECODERS.get(kind) if type(kind) is int else None
         if spec is None:
             raise UnknownKind(f"record kind {kind!r} at item {position} is unknown: written by a newer build of "
                               "Queen? This build will not guess at it")
@@ -550,7 +581,6 @@ def decode(flat) -> list[Record]:
     return records
 
 
-_UNVERSIONED = (Ceiling, SegmentCut, GroupPartition, GroupPartition32, Dedupe, PartitionState, PartitionMessages, PendingTimers)
 
 
 def version_of(record: Record) -> int:

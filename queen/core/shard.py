@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from queen.core.kv import KvState, VersionCounter
+from queen.core.kv import KvOp, KvState, VersionCounter
 from queen.core.limits import Limits
 from queen.core.locks import LockOp, LockTable
 from queen.core.queues import QueueTable, Shared
@@ -21,6 +21,6 @@ class ShardState:
         kind = type(op)
         if kind is LockOp:
             return self.locks.apply(op, now_ms, records, reply_to, position)
-        if kind.__module__ == "queen.core.kv":
+        if kind is KvOp:
             return self.kv.apply(op, now_ms, records)
         return self.queues.apply(op, now_ms, records, reply_to, position)

@@ -7,54 +7,20 @@ parked request it resolved, which the caller delivers at once), the records it p
 submit, so one frame) and the versions those took. Nothing else mutates the shard states, and
 nothing awaits while a step is half applied: on one thread that makes every step atomic.
 
-Placement: a row's shard is a stable hash of (ns, key); for lock rows (`queen-locks / name#slot`)
-only the name counts, so every slot of one lock lives on one shard.
+Which shard owns what is queen/core/placement.py's.
 
 Pure: no trio, no clock reads, no I/O. `reply_to` values are opaque here.
 """
 
 from __future__ import annotations
 
-import zlib
-
 from queen.core import queues as queue_state
 from queen.core import records as rec
-from queen.core.kv import LOCKS_NS, VersionCounter, snapshot_records
+from queen.core.kv import VersionCounter, snapshot_records
 from queen.core.limits import Limits
+from queen.core.placement import shard_of, shard_of_lease, shard_of_partition, shard_of_queue
 from queen.core.shard import ShardState
-from queen.core.txn import TransactionOps, apply_transaction, queen_mq_answer
-
-_ns_seeds: dict[str, int] = {}
-_NS_SEEDS_MAX = 4096  # namespaces are few; past this, hash without the cache rather than grow it
-
-
-def shard_of(ns: str, key: str, shard_count: int) -> int:
-    """crc32 of ns, NUL, key: stable across runs, and cheap with the namespace's part computed once."""
-    if ns == LOCKS_NS:
-        key = key.partition("#")[0]
-    seed = _ns_seeds.get(ns)
-    if seed is None:
-        seed = zlib.crc32(ns.encode() + b"\x00")
-        if len(_ns_seeds) < _NS_SEEDS_MAX:
-            _ns_seeds[ns] = seed
-    return zlib.crc32(key.encode(), seed) % shard_count
-
-
-_LOCKS_SEED = zlib.crc32(LOCKS_NS.encode() + b"\x00")
-
-
-def shard_of_lock(name: str, shard_count: int) -> int:
-    """shard_of(LOCKS_NS, name + "#" + any slot), without building the key."""
-    return zlib.crc32(name.encode(), _LOCKS_SEED) % shard_count
-
-
-_QUEUES_SEED = zlib.crc32(b"queen-queues\x00")
-
-
-def shard_of_queue(name: str, shard_count: int) -> int:
-    """Everything of one queue lives on one shard: its partitions, groups, leases and timers."""
-    return zlib.crc32(name.encode(), _QUEUES_SEED) % shard_count
-
+from queen.core.txn import TransactionOps, apply_transaction
 
 # -- steps --------------------------------------------------------------------------------------------
 
@@ -85,13 +51,16 @@ class Tick:
 
 
 class Abandon:
-    """The client behind reply_to is gone: answer its parked requests on this shard now."""
+    """Answer reply_to's parked requests on this shard now: "cancelled" when its client is gone (it
+    must not be handed anything), or as if their wait had run out (timed_out: the connection is
+    needed for a new client)."""
 
-    __slots__ = ("shard", "reply_to")
+    __slots__ = ("shard", "reply_to", "timed_out")
 
-    def __init__(self, shard: int, reply_to):
+    def __init__(self, shard: int, reply_to, timed_out: bool = False):
         self.shard = shard
         self.reply_to = reply_to
+        self.timed_out = timed_out
 
 
 class Drain:
@@ -163,8 +132,8 @@ class State:
                 shard.queues.tick(now_ms, records)
         elif kind is Abandon:
             touched = (self.shards[step.shard],)
-            touched[0].locks.abandon(step.reply_to)
-            touched[0].queues.abandon(step.reply_to)
+            touched[0].locks.abandon(step.reply_to, now_ms, step.timed_out)
+            touched[0].queues.abandon(step.reply_to, step.timed_out)
         elif kind is Drain:
             touched = self.shards
             for shard in touched:
@@ -199,22 +168,16 @@ class State:
 
     def _transaction(self, txn: TransactionOps, now_ms: int, records: list) -> tuple[list, dict]:
         """Applies a transaction; the shards it touched, and its answer."""
-        count = self.shard_count
-        kv_shards = [self.shards[shard_of(op.ns, op.key, count)] for op in txn.kv]
-        partition_queue = self.queues.partition_queue
-        # An ack's partition is found through its queue; an unknown one is judged (lease_lost) on shard 0.
-        ack_shards = [self.shards[shard_of_queue(partition_queue[item.partition_id], count)
-                                  if item.partition_id in partition_queue else 0] for item in txn.ack]
-        push_shards = [self.shards[shard_of_queue(item.queue, count)] for item in txn.push]
-        timer_shards = [self.shards[shard_of_queue(op.queue, count)] for op in txn.timers]
-        lease_queue = self.queues.lease_queue
-        lease_checks = [lease_id in lease_queue and self.shards[shard_of_queue(lease_queue[lease_id], count)]
-                        .queues.lease_live(lease_id, now_ms) for lease_id in txn.required_leases]
+        count, shards, shared = self.shard_count, self.shards, self.queues
+        kv_shards = [shards[shard_of(op.ns, op.key, count)] for op in txn.kv]
+        ack_shards = [shards[shard_of_partition(shared, item.partition_id, count)] for item in txn.ack]
+        push_shards = [shards[shard_of_queue(item.queue, count)] for item in txn.push]
+        timer_shards = [shards[shard_of_queue(op.queue, count)] for op in txn.timers]
+        lease_checks = [shards[shard_of_lease(shared, lease_id, count)].queues.lease_live(lease_id, now_ms)
+                        for lease_id in txn.required_leases]
         answer = apply_transaction(txn, [shard.kv for shard in kv_shards], [shard.queues for shard in ack_shards],
                                    [shard.queues for shard in push_shards], [shard.queues for shard in timer_shards],
                                    now_ms, records, lease_checks)
-        if txn.queen_mq_order is not None:
-            answer = queen_mq_answer(txn, answer)
         touched = {id(shard): shard for shard in (*kv_shards, *ack_shards, *push_shards, *timer_shards)}
         return list(touched.values()), answer
 
@@ -231,7 +194,7 @@ class State:
         """Copies of every shard's state, cheap to take at a batch edge; the function returned turns
         them into the snapshot's sections (run it off the event loop)."""
         copies = [shard.kv.snapshot_copy() for shard in self.shards]
-        queue_copies = [shard.queues.snapshot_copy() for shard in self.shards]
+        queue_copies = [queue_state.snapshot_copy(shard.queues.queues, shard.queues.timers) for shard in self.shards]
 
         def sections() -> dict[str, list]:
             kv: list = []

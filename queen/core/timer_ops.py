@@ -11,18 +11,13 @@ Pure: no I/O, no clock. Raises BadRequest.
 
 from __future__ import annotations
 
-import base64
-import binascii
-
-import orjson
-
 from queen.core.kv import check_fields, fail
 from queen.core.limits import Limits
+from queen.core.names import name
 from queen.core.queue_ops import (
     DEFAULT_PARTITION,
     _where,
     encode_payload,
-    name,
     producer_id,
     queue_name,
 )
@@ -44,13 +39,11 @@ _FIELDS = {
 
 class TimerOp:
     """One operation. For a schedule: at_ms, partition, payload (its JSON encoding), transaction_id,
-    trace_id. queen_mq: sent in the public Queen MQ client's spelling (its answer echoes it)."""
+    trace_id."""
 
-    __slots__ = ("index", "op", "queue", "key", "at_ms", "partition", "payload", "transaction_id", "trace_id",
-                 "queen_mq")
+    __slots__ = ("index", "op", "queue", "key", "at_ms", "partition", "payload", "transaction_id", "trace_id")
 
     def __init__(self, index, op, queue, key, at_ms=0, partition=None, payload=b"", transaction_id=None, trace_id=None):
-        self.queen_mq = False
         self.index = index
         self.op = op
         self.queue = queue
@@ -114,41 +107,7 @@ def parse_timer_ops(raw_ops, limits: Limits, now_ms: int, section: str | None = 
 def parse_timer_op(raw, index: int, limits: Limits, now_ms: int, in_transaction: bool = False) -> TimerOp:
     if type(raw) is not dict:
         fail("invalid_operations", "each operation must be an object", index)
-    queen_mq = "timerKey" in raw
-    if queen_mq:
-        raw = from_queen_mq_spelling(raw, index)
-    op = _parse_timer_op(raw, index, limits, now_ms, in_transaction)
-    op.queen_mq = queen_mq
-    return op
-
-
-def from_queen_mq_spelling(raw: dict, index) -> dict:
-    """An operation in the public Queen MQ client's spelling, in ours: timerKey is key, txn is
-    transactionId, reschedule is schedule (the same upsert), and the payload is base64 of its JSON
-    bytes (bytes that are not JSON stay bytes). Keyed on the spelling, so never ambiguous."""
-    for theirs, ours in (("timerKey", "key"), ("txn", "transactionId")):
-        if theirs in raw and ours in raw:
-            fail("option_conflict", f"give {theirs} or {ours}, not both", index)
-    raw = {("key" if name == "timerKey" else "transactionId" if name == "txn" else name): value
-           for name, value in raw.items()}
-    zstd = raw.pop("payloadZstd", False)
-    if zstd is not False:
-        fail("unsupported_field", "payloadZstd is not supported: send the payload uncompressed", index, field="payloadZstd")
-    if raw.get("op") == "reschedule":
-        raw["op"] = "schedule"
-    if "payload" in raw:
-        encoded = raw["payload"]
-        try:
-            data = base64.b64decode(encoded, validate=True) if type(encoded) is str else None
-        except (binascii.Error, ValueError):
-            data = None
-        if data is None:
-            fail("invalid_payload", "under the timerKey spelling, payload is base64 of the payload's JSON bytes", index)
-        try:
-            raw["payload"] = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raw["payload"] = data
-    return raw
+    return _parse_timer_op(raw, index, limits, now_ms, in_transaction)
 
 
 def _parse_timer_op(raw: dict, index: int, limits: Limits, now_ms: int, in_transaction: bool) -> TimerOp:

@@ -4,7 +4,7 @@
 Model:
   - A pending timer is one packed bytes value (below) in a plain dict per queue, keyed by its key:
     a dict of bytes is never tracked by Python's cyclic GC, so ten million pending timers cost the
-    collector nothing (see the same choice for messages in queen/core/queues.py).
+    collector nothing (see the same choice for messages in queen/core/queues/packed.py).
   - When they fall due: a hashed timing wheel of 50 ms slots, each slot one bytearray of packed
     (at_ms, version, queue, key) entries, in a dict by absolute slot number. A tick looks at the
     slots from the last one it visited up to now's, so it costs what falls due in it, however many
@@ -29,13 +29,17 @@ from __future__ import annotations
 import heapq
 import struct
 from itertools import islice
+from typing import Protocol
 
 from orjson import Fragment
 
 from queen.core import records as rec
+from queen.core.kv import VersionCounter
+from queen.core.limits import Limits
 from queen.core.packing import int_array, read_int_array
 from queen.core.queue_ops import PushItem
 from queen.core.timer_ops import TimerList, TimerOp
+from queen.core.wheel import TICK_MS
 
 # at_ms, version, scheduled_at_ms, bytes of the partition name, of the producer id (-1: none), of
 # the trace id (-1: none); then those three (UTF-8) and the payload's JSON encoding. Snapshots store
@@ -43,12 +47,9 @@ from queen.core.timer_ops import TimerList, TimerOp
 # Big-endian, so the bytes order packed timers by at_ms: the earliest of a million is min() in C.
 _HEAD = struct.Struct(">qqqiii")
 _AT_VERSION = struct.Struct(">qq")
-SLOT_MS = 50
+SLOT_MS = TICK_MS  # a slot per tick: a tick visits the slots it passed
 # at_ms, version, bytes of the queue name, of the key; then both (UTF-8). Only in memory.
 _ENTRY = struct.Struct("<qqHH")
-# Timers one tick fires at most; the rest go at the next tick (so a backlog due after a long
-# downtime is worked off in bounded steps, not one step of millions).
-FIRE_BUDGET = 10_000
 
 
 def pack_timer(at_ms: int, version: int, scheduled_at_ms: int, partition: str, tid: str | None, trace_id: str | None,
@@ -74,26 +75,6 @@ def unpack_timer(packed: bytes) -> tuple:
         trace_id = packed[position:position + trace_length].decode()
         position += trace_length
     return at_ms, version, scheduled_at_ms, partition, tid, trace_id, packed[position:]
-
-
-def _with_status(op: TimerOp, result: dict) -> dict:
-    """`ok` and `status` beside our fields (the public Queen MQ client reads them), and, for an
-    operation in its spelling, its names echoed: timerKey, txn, deliverAt."""
-    if op.op == "schedule":
-        ok = result["scheduled"]
-        result["ok"] = ok
-        result["status"] = ("rescheduled" if result["replaced"] else "scheduled") if ok else result["reason"]
-    elif op.op == "cancel":
-        result["ok"] = result["cancelled"]
-        result["status"] = "cancelled" if result["cancelled"] else "absent"
-    else:
-        result["ok"] = result["found"]
-    if op.queen_mq:
-        result["timerKey"] = op.key
-        if op.op == "schedule":
-            result["txn"] = op.transaction_id
-            result["deliverAt"] = result.get("at")
-    return result
 
 
 def _entries(raw: bytearray):
@@ -122,11 +103,26 @@ class TimerStats:
         self.late_ms_total = self.late_ms_max = 0
 
 
+class QueueSink(Protocol):
+    """What timers need of the shard's queues: all of it, and only it."""
+
+    def has_queue(self, name: str) -> bool: ...
+
+    def create_queue(self, name: str, now_ms: int, records: list) -> None:
+        """The queue exists after this (a schedule creates it, as a push does)."""
+
+    def push_fired(self, item: PushItem, now_ms: int, records: list) -> dict:
+        """A fired timer's message appended, exempt from capacity: its push result."""
+
+
 class TimerTable:
     """Owned by the shard's QueueTable: timers fire into its queues, and go with a deleted queue."""
 
-    def __init__(self, queues):
-        self.queues = queues  # QueueTable
+    def __init__(self, versions: VersionCounter, shared, limits: Limits, sink: QueueSink):
+        self.versions = versions
+        self.shared = shared  # the queues' Shared: capacity counts
+        self.limits = limits
+        self.sink = sink
         self.pending: dict[str, dict[str, bytes]] = {}  # queue -> key -> packed timer
         self.payload_bytes: dict[str, int] = {}  # queue -> its pending timers' payload bytes
         self.slots: dict[int, bytearray] = {}  # slot (at_ms // SLOT_MS) -> packed entries
@@ -146,18 +142,17 @@ class TimerTable:
     def apply_one(self, op: TimerOp, now_ms: int, records: list) -> dict:
         base = {"index": op.index, "op": op.op, "queue": op.queue, "key": op.key}
         if op.op == "schedule":
-            return _with_status(op, {**base, **self.schedule(op, now_ms, records)})
+            return {**base, **self.schedule(op, now_ms, records)}
         if op.op == "cancel":
-            return _with_status(op, {**base, **self.cancel(op.queue, op.key, records)})
-        return _with_status(op, {**base, **self.get(op.queue, op.key)})
+            return {**base, **self.cancel(op.queue, op.key, records)}
+        return {**base, **self.get(op.queue, op.key)}
 
     def check_schedule(self, op: TimerOp, growth=None) -> str | None:
         """Why a schedule would be refused now ("storage_full"), or None. growth: a transaction's
-        (queen/core/queues.py Growth), counting what its earlier pushes and schedules add, updated
+        (queen/core/queues/model.py Growth), counting what its earlier pushes and schedules add, updated
         here when this one passes."""
-        queues = self.queues
-        shared, limits = queues.shared, queues.limits
-        exists = op.queue in queues.queues
+        shared, limits = self.shared, self.limits
+        exists = self.sink.has_queue(op.queue)
         if growth is None:
             if not exists and shared.queues >= limits.queues_max:
                 return "storage_full"
@@ -186,13 +181,13 @@ class TimerTable:
         """A transaction's schedule or cancel, its capacity already checked."""
         base = {"index": op.index, "op": op.op, "queue": op.queue, "key": op.key}
         if op.op == "schedule":
-            return _with_status(op, {**base, **self._schedule(op, now_ms, records)})
-        return _with_status(op, {**base, **self.cancel(op.queue, op.key, records)})
+            return {**base, **self._schedule(op, now_ms, records)}
+        return {**base, **self.cancel(op.queue, op.key, records)}
 
     def _schedule(self, op: TimerOp, now_ms: int, records: list) -> dict:
-        self.queues._queue(op.queue, now_ms, records, create=True)
+        self.sink.create_queue(op.queue, now_ms, records)
         replaced = op.key in self.pending.get(op.queue, ())
-        version = self.queues.versions.next()
+        version = self.versions.next()
         rec.timer_set(records, version, op.queue, op.key, op.at_ms, now_ms, op.partition, op.payload,
                       op.transaction_id, op.trace_id)
         self._apply_set(op.queue, op.key, pack_timer(op.at_ms, version, now_ms, op.partition, op.transaction_id,
@@ -204,7 +199,7 @@ class TimerTable:
         packed = self.pending.get(queue, {}).get(key)
         if packed is None:  # never scheduled, cancelled before, or already fired
             return {"cancelled": False, "reason": "absent"}
-        rec.timer_cancel(records, self.queues.versions.next(), queue, key)
+        rec.timer_cancel(records, self.versions.next(), queue, key)
         self._apply_remove(queue, key)
         self.stats.cancelled += 1
         return {"cancelled": True, "version": _AT_VERSION.unpack_from(packed)[1]}
@@ -263,19 +258,20 @@ class TimerTable:
             return
         self.entries -= len(due)
         due.sort()
-        for _, version, queue, key in islice(due, FIRE_BUDGET):
+        budget = self.limits.timer_fires_per_tick_max  # the rest go at the next tick
+        for _, version, queue, key in islice(due, budget):
             packed = self.pending.get(queue, {}).get(key)
             if packed is not None and _AT_VERSION.unpack_from(packed)[1] == version:
                 self._fire(queue, key, packed, now_ms, records)
-        for at_ms, version, queue, key in islice(due, FIRE_BUDGET, None):
+        for at_ms, version, queue, key in islice(due, budget, None):
             self._file(at_ms, version, queue, key)  # over the budget: the next tick
 
     def _fire(self, queue: str, key: str, packed: bytes, now_ms: int, records: list) -> None:
         at_ms, _, _, partition, tid, trace_id, payload = unpack_timer(packed)
-        rec.timer_fired(records, self.queues.versions.next(), queue, key)
+        rec.timer_fired(records, self.versions.next(), queue, key)
         self._apply_remove(queue, key)
-        result = self.queues.push_one(PushItem(0, queue, partition, payload, tid, trace_id, len(payload)), now_ms,
-                                      records, exempt=True)
+        result = self.sink.push_fired(PushItem(0, queue, partition, payload, tid, trace_id, len(payload)), now_ms,
+                                      records)
         stats = self.stats
         stats.fired += 1
         if result["status"] == "duplicate":
@@ -290,7 +286,7 @@ class TimerTable:
     def _apply_set(self, queue: str, key: str, packed: bytes) -> None:
         timers = self.pending.setdefault(queue, {})
         old = timers.get(key)
-        shared = self.queues.shared
+        shared = self.shared
         grows = _payload_bytes(packed)
         if old is None:
             self.count += 1
@@ -327,7 +323,7 @@ class TimerTable:
         else:
             del self.pending[queue], self.payload_bytes[queue]
         self.count -= 1
-        shared = self.queues.shared
+        shared = self.shared
         shared.timers -= 1
         shared.bytes -= size
 
@@ -336,7 +332,7 @@ class TimerTable:
         timers = self.pending.pop(queue, None)
         if not timers:
             return 0
-        shared = self.queues.shared
+        shared = self.shared
         self.count -= len(timers)
         shared.timers -= len(timers)
         shared.bytes -= self.payload_bytes.pop(queue)
@@ -382,4 +378,5 @@ class TimerTable:
     @staticmethod
     def snapshot_records(queue: str, timers: dict, out: list) -> None:
         if timers:
-            out += (43, queue, list(timers), int_array("I", map(len, timers.values())), b"".join(timers.values()))
+            rec.pending_timers(out, queue, list(timers), int_array("I", map(len, timers.values())),
+                               b"".join(timers.values()))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from queen.core.kv import KvOp, KvState, parse_kv_ops
 from queen.core.limits import Limits
-from queen.core.queue_ops import AckItem, PushItem, identifier, parse_acks, parse_push
+from queen.core.queue_ops import AckItem, PushItem, parse_acks, parse_push
 from queen.core.queues import Growth
 from queen.core.timer_ops import TimerOp, parse_timer_ops
 from queen.errors import BadRequest
@@ -31,7 +31,7 @@ _READ_ONLY = frozenset(("get", "check"))
 class TransactionOps:
     """A parsed transaction: each section's operations (empty when not sent)."""
 
-    __slots__ = ("kv", "ack", "push", "timers", "required_leases", "queen_mq_order")
+    __slots__ = ("kv", "ack", "push", "timers", "required_leases")
 
     def __init__(self, kv: list[KvOp], ack: list[AckItem] = (), push: list[PushItem] = (),
                  timers: list[TimerOp] = ()):
@@ -39,10 +39,9 @@ class TransactionOps:
         self.ack = list(ack)
         self.push = list(push)
         self.timers = list(timers)
-        self.required_leases: list[int] = []  # leases that must be live (the Queen MQ form)
-        # Sent in the Queen MQ form: its operations in order, as ("ack" | "push", index), for the
-        # flat `results` of its answer; None for our sections.
-        self.queen_mq_order: list | None = None
+        # Leases that must be live when the transaction is judged (a miss: lease_lost), besides
+        # those its acks name.
+        self.required_leases: list[int] = []
 
     def writes(self) -> bool:
         return bool(self.ack or self.push or self.timers) or any(op.op not in _READ_ONLY for op in self.kv)
@@ -55,8 +54,6 @@ def parse_transaction(document, limits: Limits, now_ms: int) -> TransactionOps:
     if type(document) is not dict:
         raise BadRequest("invalid_body", 'the body must be an object of sections: {"kv": [...], "ack": [...], '
                          '"push": [...], "timers": [...]}')
-    if "operations" in document:
-        return _parse_queen_mq_form(document, limits, now_ms)
     for section in document:
         if section not in SECTIONS:
             raise BadRequest("unknown_section", f"unknown section {str(section)[:50]!r}; a transaction has "
@@ -84,93 +81,6 @@ def parse_transaction(document, limits: Limits, now_ms: int) -> TransactionOps:
     return txn
 
 
-_QUEEN_MQ_FORM = frozenset(("operations", "requiredLeases", "kv", "timers"))
-
-
-def _parse_queen_mq_form(document: dict, limits: Limits, now_ms: int) -> TransactionOps:
-    """The public Queen MQ client's form, `{"operations": [{"type": "ack"|"push", ...}],
-    "requiredLeases": [...], "kv"?, "timers"?}`, as our sections: its acks in order are the ack
-    section, its pushes' items in order the push section. Each required lease must be live when the
-    transaction is judged, and an ack that names no lease borrows the one required lease when there
-    is exactly one (so every ack stays fenced by a lease). Still one step, all or nothing."""
-    for field in document:
-        if field not in _QUEEN_MQ_FORM:
-            if field in SECTIONS:
-                raise BadRequest("unsupported_form", f"the operations form takes no {field} section: send the "
-                                 "acks and pushes as operations, or use the sections alone", {"section": field})
-            raise BadRequest("unknown_field", f"unknown field {str(field)[:50]!r} in a transaction of operations",
-                             {"field": str(field)[:50]})
-    raw_ops, raw_leases = document.get("operations"), document.get("requiredLeases")
-    if type(raw_ops) is not list:
-        raise BadRequest("invalid_operations", "operations must be a list")
-    if raw_leases is None:
-        raw_leases = []
-    if type(raw_leases) is not list or len(raw_leases) > limits.ops_per_call_max:
-        raise BadRequest("invalid_required_leases", "requiredLeases must be a list of lease ids")
-    leases = list(dict.fromkeys(identifier(lease, "invalid_lease_id", "requiredLeases") for lease in raw_leases))
-    acks: list[dict] = []
-    pushes: list[dict] = []
-    order = []
-    for index, raw in enumerate(raw_ops):
-        if type(raw) is not dict or raw.get("type") not in ("ack", "push"):
-            raise BadRequest("invalid_operations", 'each operation is {"type": "ack", ...} or {"type": "push", '
-                             '"items": [...]}', {"index": index})
-        body = {name: value for name, value in raw.items() if name != "type" and value is not None}
-        if raw["type"] == "ack":
-            if "leaseId" not in body and len(leases) == 1:
-                body["leaseId"] = leases[0]
-            order.append(("ack", len(acks)))
-            acks.append(body)
-        else:
-            items = body.pop("items", None)
-            if body or type(items) is not list or not items:
-                raise BadRequest("invalid_operations", 'a push operation is {"type": "push", "items": [...]}',
-                                 {"index": index})
-            for item in items:
-                order.append(("push", len(pushes)))
-                pushes.append(item)
-    sections = {name: ops for name, ops in (("ack", acks), ("push", pushes)) if ops}
-    for name in ("kv", "timers"):
-        if document.get(name):
-            sections[name] = document[name]
-    if not sections:
-        raise BadRequest("invalid_body", "a transaction needs at least one operation")
-    txn = parse_transaction(sections, limits, now_ms)
-    txn.required_leases = leases
-    txn.queen_mq_order = order
-    return txn
-
-
-def queen_mq_answer(txn: TransactionOps, answer: dict) -> dict:
-    """The answer as the Queen MQ client reads it, beside our sections: `results` flat in its order
-    (its operations' acks and pushed items, then kv, then timers), and on a miss `failedIndex` in
-    that order, `kvReason`, the key's `value` and `version`, and `error`."""
-    sections = ("kv", "timers")
-    if answer["success"]:
-        flat = [answer[section][index] for section, index in txn.queen_mq_order]
-        for section in sections:
-            flat += answer.get(section, [])
-        answer["results"] = flat
-        return answer
-    failed = answer["failed"]
-    section, index = failed.get("section"), failed.get("index")
-    position = None
-    if section in ("ack", "push"):
-        position = txn.queen_mq_order.index((section, index))
-    elif section == "kv":
-        position = len(txn.queen_mq_order) + index
-    elif section == "timers":
-        position = len(txn.queen_mq_order) + len(txn.kv) + index
-    answer["failedIndex"] = position
-    answer["error"] = answer["reason"]
-    if section == "kv":
-        current = failed.get("current") or {}
-        answer["kvReason"] = failed["reason"]
-        answer["value"] = current.get("value")
-        answer["version"] = current.get("version", 0)
-    return answer
-
-
 def check_transaction_ops(ops: list[KvOp]) -> None:
     seen = set()
     for index, op in enumerate(ops):
@@ -190,7 +100,8 @@ def apply_transaction(txn: TransactionOps, kv_states: list[KvState], ack_tables:
     txn.required_leases[i] is live."""
     miss = _first_miss(txn, kv_states, ack_tables, push_tables, timer_tables, lease_checks, now_ms)
     if miss is not None:
-        return {"success": False, "reason": miss.pop("top"), "failed": miss}
+        reason = miss.pop("top")
+        return {"success": False, "reason": reason, "error": reason, "failed": miss}
     answer: dict = {"success": True}
     if txn.kv:
         results = []

@@ -1,10 +1,10 @@
 """HTTP/1.1 connections: non-blocking sockets driven through trio's low-level waits, h11 for every
 request shape but the plain one, and the limits that keep one client from hurting the others.
 
-Owns: accepting connections within the open-file budget, reading one request at a time within its
-limits (head size, body size, time to arrive, idle time between requests, time for the client to
-take its answer), handing it to the app, writing the response, keep-alive, and the counts that
-shutdown waits on.
+Owns: accepting connections within the open-file budget (and who gives way at the limit), reading
+one request at a time within its limits (head size, body size, time to arrive, idle time between
+requests, time for the client to take its answer), handing it to the app, writing the response,
+keep-alive, and the counts that shutdown waits on.
 
 - No input ends the process. Malformed HTTP answers 400 (or 413/431/408) and closes the
   connection; a handler that fails answers 500 for that request alone and is logged with its
@@ -12,8 +12,28 @@ shutdown waits on.
 - Descriptors: at start the open-file limit is raised as far as allowed and the connection limit
   lowered to fit under it with FD_RESERVE to spare, so connections can never starve the log or
   the snapshots of descriptors. At the limit a new connection takes the place of the
-  longest-idle keep-alive connection; with none idle it is answered 503 and closed (at most
-  REFUSING_MAX of those at once; past that it is closed at once).
+  longest-idle keep-alive connection; with none idle, of the connection whose call has been
+  parked longest (a pop or lock acquire waiting with waitMs), which is answered now as if its
+  wait had run out and closed after that answer; with neither, the new one is answered 503 and
+  closed (at most REFUSING_MAX of those at once; past that it is closed at once).
+- Why parked calls give way rather than keep a reserve of connections they cannot take: a parked
+  call holds its connection for up to a minute (Limits.wait_ms_max) and is never idle, so
+  without either, a thousand consumers long-polling as the README shows lock every other client
+  out, producers and health checks included, until their waits end. A reserve only moves that
+  edge: once parked calls fill their share, the next poll must still be refused or end another,
+  and the reserve stands unused whenever nobody else connects. Ending the oldest wait costs its
+  client nothing it is not built for: the answer is the one its waitMs running out gives (an
+  empty pop, an acquire with reason "timeout"; nothing was handed to it, so nothing is lost),
+  and a long-polling client polls again, on a new connection. The call that has waited longest
+  is the one that has had its share. How: the router watches the request's `answer_now` beside
+  `wait_gone` (queen/runtime/router.py, `_wait_or_abandon`); it returns when this layer needs
+  the connection back, and the router withdraws the parked operations as it does for a client
+  that hung up, answering them "timeout".
+- Framing the HTTP/1.1 grammar leaves open is refused, not guessed at: a request with both
+  Content-Length and Transfer-Encoding, a head line ended by a bare LF or continued on the next
+  line (obs-fold, RFC 9112 sections 2.2 and 5.2 allow refusing both; h11 would accept them), and
+  a chunk announced larger than the body limit (answered 413 at once, as an oversized
+  Content-Length is, instead of waiting for bytes that would be refused anyway).
 - Deadlines are kept by one reaper task that looks at every connection every REAPER_INTERVAL_S,
   rather than a cancel scope per read and write: a connection idle past idle_timeout_s is closed,
   a request that does not arrive whole within request_read_timeout_s is answered 408, and an
@@ -73,7 +93,7 @@ IDLE, READING, HANDLING, WRITING = range(4)
 
 
 class Request:
-    __slots__ = ("method", "target", "content_type", "accept", "body", "keep_alive", "wait_gone")
+    __slots__ = ("method", "target", "content_type", "accept", "body", "keep_alive", "wait_gone", "answer_now")
 
     def __init__(self, method: bytes, target: bytes, content_type: bytes, accept: bytes, body: bytes,
                  keep_alive: bool = True):
@@ -84,6 +104,9 @@ class Request:
         self.body = body
         self.keep_alive = keep_alive
         self.wait_gone = None  # async () -> None, returns when the client hangs up (set per connection)
+        # async () -> None, returns when the server needs the connection back for a new client: a
+        # call parked on it is then answered as if its wait ran out (set per connection).
+        self.answer_now = None
 
 
 class Response:
@@ -178,7 +201,9 @@ class _Connection:
         self.scope = trio.CancelScope()
         self.phase = IDLE
         self.deadline = _NEVER
-        self.evicted = False  # closed to make room; no longer counted in `connections`
+        # Gave its place to a new connection: closed when idle, or (a parked call) answered now and
+        # closed after that answer. No longer counted in `connections` either way.
+        self.evicted = False
 
 
 class HttpServer:
@@ -191,11 +216,14 @@ class HttpServer:
         self.requests_total = 0
         self.connections_refused = 0
         self.idle_closed = 0
+        self.parks_ended = 0  # parked calls answered early to make room for a new connection
         self.timeouts = 0
         self.draining = False
         self._idle_event = trio.Event()
         self._open: set[_Connection] = set()
         self._idle: dict[_Connection, None] = {}  # idle keep-alive connections, longest idle first
+        # Connections whose call is parked, longest parked first, each with the event that ends its wait.
+        self._parked: dict[_Connection, trio.Event] = {}
         self._refusing = 0
         self._sockets = 0  # accepted and not yet closed: served, refused or being closed
         self._socket_closed = trio.lowlevel.ParkingLot()
@@ -238,7 +266,8 @@ class HttpServer:
             self._sockets += 1
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.connections >= self.connections_allowed and not self._close_longest_idle():
+            if self.connections >= self.connections_allowed and not (
+                    self._close_longest_idle() or self._end_longest_park()):
                 self._refuse(sock, connections)
                 continue
             self.connections += 1
@@ -254,6 +283,29 @@ class HttpServer:
             self.idle_closed += 1
             return True
         return False
+
+    def _end_longest_park(self) -> bool:
+        """Make room for a new connection by answering the call parked longest now, as if its wait
+        had run out; its connection closes after that answer (module docstring: why)."""
+        for connection, answer_now in self._parked.items():
+            del self._parked[connection]
+            connection.evicted = True
+            self.connections -= 1
+            self.parks_ended += 1
+            answer_now.set()
+            return True
+        return False
+
+    async def _until_room_needed(self, connection: _Connection) -> None:
+        """A request's `answer_now`: returns when a new connection needs this one's place. The
+        connection counts as parked (it may be asked) only while a call waits on this."""
+        answer_now = trio.Event()
+        self._parked[connection] = answer_now
+        try:
+            await answer_now.wait()
+        finally:
+            if self._parked.get(connection) is answer_now:
+                del self._parked[connection]
 
     def _closed(self, sock: socket.socket) -> None:
         sock.close()
@@ -346,9 +398,8 @@ class HttpServer:
                 connection.phase = READING
                 connection.deadline = trio.current_time() + config.request_read_timeout_s
                 buffer = h11_conn = h11.Connection(h11.SERVER, max_incomplete_event_size=config.header_bytes_max)
-                h11_conn.receive_data(pending)
                 try:
-                    request = await self._read_request(h11_conn, sock)
+                    request = await self._read_request(h11_conn, sock, pending)
                 except _Reject as reject:
                     await self._send_error_and_close(connection, reject.status, reject.error)
                     return
@@ -361,6 +412,7 @@ class HttpServer:
             connection.phase = HANDLING
             connection.deadline = _NEVER
             request.wait_gone = partial(_wait_gone, buffer, sock)
+            request.answer_now = partial(self._until_room_needed, connection)
             self.requests_in_flight += 1
             self.requests_total += 1
             try:
@@ -369,7 +421,8 @@ class HttpServer:
                 self.requests_in_flight -= 1
                 if not self.requests_in_flight:
                     self._idle_event.set()
-            keep_alive = request.keep_alive and not self.draining
+            # A connection that gave its place to a new one closes after this answer.
+            keep_alive = request.keep_alive and not self.draining and not connection.evicted
             if request.method == b"HEAD":
                 response.body = b""
             connection.phase = WRITING
@@ -397,10 +450,13 @@ class HttpServer:
             logger.exception("event=handler_failed method=%r target=%r", request.method[:16], request.target[:200])
             return error_response(_INTERNAL, wants_cbor)
 
-    async def _read_request(self, conn: h11.Connection, sock: socket.socket) -> Request | None:
-        """The rest of a request that has started to arrive (conn holds its first bytes), or None
+    async def _read_request(self, conn: h11.Connection, sock: socket.socket, pending: bytes) -> Request | None:
+        """The rest of a request that has started to arrive (`pending`, its first bytes), or None
         if the client closed. The reaper answers 408 if it takes longer than allowed."""
         config = self.config
+        lines = _HeadLines()
+        lines.feed(pending)
+        conn.receive_data(pending)
         head = None
         body_parts = []
         body_bytes = 0
@@ -408,10 +464,16 @@ class HttpServer:
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
+                owed = _chunk_bytes_owed(conn)
+                if owed and body_bytes + owed > config.body_bytes_max:
+                    raise _Reject(413, "body_too_large", f"a chunk of {owed} more bytes was announced; the body "
+                                  f"would be over the limit of {config.body_bytes_max} bytes")
                 if conn.they_are_waiting_for_100_continue and not continue_sent:
                     await _send_all(sock, b"HTTP/1.1 100 Continue\r\n\r\n")
                     continue_sent = True
-                conn.receive_data(await _receive(sock))
+                data = await _receive(sock)
+                lines.feed(data)
+                conn.receive_data(data)
                 continue
             kind = type(event)
             if kind is h11.Data:
@@ -497,13 +559,17 @@ def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] |
     no line folding, exactly one Host, at most one Content-Length of at most 19 digits, no
     Transfer-Encoding, no Expect, the whole body present, and head and body within the limits.
     A request with both Content-Length and Transfer-Encoding raises _Reject (400): the two could
-    frame the body differently for us and for a proxy in front of us (RFC 9112 section 6.1).
+    frame the body differently for us and for a proxy in front of us (RFC 9112 section 6.1). So
+    does a head with a bare LF line end or a folded header line (_HeadLines), which the h11 path
+    refuses too.
     """
     end = data.find(b"\r\n\r\n", 0, config.header_bytes_max)
     if end < 0:
+        _HeadLines().feed(data)  # a head ended by bare LFs has no CRLF CRLF
         return None
     match = _SIMPLE_HEAD.fullmatch(data, 0, end + 4)
     if match is None:
+        _HeadLines().feed(data)
         return None
     method, target, minor, fields = match.groups()
     content_type = accept = b""
@@ -546,6 +612,48 @@ def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] |
     if len(data) < stop:
         return None
     return Request(method, target, content_type, accept, data[start:stop], keep_alive), data[stop:]
+
+
+_OBSOLETE_LINE = re.compile(rb"(?<!\r)\n|\r\n[ \t]")
+
+
+class _HeadLines:
+    """Watches a request head as it arrives, in one or more pieces, for the two line forms h11
+    accepts and RFC 9112 lets a server refuse: a line ended by a bare LF (section 2.2) and a
+    header line continued on the next one, obs-fold (section 5.2). A proxy in front of us may
+    read either differently, so it is refused (400) rather than read one way. Each byte is looked
+    at once: a piece is searched with the few bytes before it, up to the end of the head."""
+
+    __slots__ = ("tail", "done")
+
+    def __init__(self):
+        self.tail = b""  # the last bytes before the next piece: a line end may span two pieces
+        self.done = False
+
+    def feed(self, data: bytes) -> None:
+        if self.done:
+            return
+        window = self.tail + data
+        end = window.find(b"\r\n\r\n")
+        # From 1 when a tail leads: its first byte was looked at, with what came before it.
+        found = _OBSOLETE_LINE.search(window, 1 if self.tail else 0, len(window) if end < 0 else end + 4)
+        if found is not None:
+            if found.group() == b"\n":
+                raise _Reject(400, "bad_http", "a line of the request head ends in a bare LF; end every line with "
+                              "CRLF (RFC 9112 section 2.2 allows refusing it, and we do)")
+            raise _Reject(400, "bad_http", "a header line is continued on the next line (obsolete line folding); "
+                          "send each header on one line (RFC 9112 section 5.2 allows refusing it, and we do)")
+        self.tail = window[-3:]
+        self.done = end >= 0
+
+
+def _chunk_bytes_owed(conn: h11.Connection) -> int:
+    """The bytes still to come of the chunk h11 is reading: the size its chunk line announced, less
+    what has arrived; 0 when it is reading none. h11 keeps this to itself (ChunkedReader's
+    _bytes_in_chunk) and would wait for every byte of a chunk announced as ffffffff. Should a
+    later h11 keep it elsewhere, this reads 0 and the limit holds only as the bytes arrive, as it
+    did before (tests/http/test_bad_input.py, the chunk tests, would then fail)."""
+    return getattr(getattr(conn, "_reader", None), "_bytes_in_chunk", 0)
 
 
 class _Head:

@@ -2,6 +2,7 @@
 
 Everything a handler raises is a QueenError, mapped to an HTTP answer in connection.py. A request
 is parsed and checked whole before anything is sent to a shard, so a rejected call changes nothing.
+The public Queen MQ client's spellings go through queen/http/queen_mq.py on the way in and out.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ from queen.core.queue_ops import (
     parse_pop,
     parse_push,
     parse_requeue,
+    query_number,
     queue_name,
+    whole_number,
 )
-from queen.core.timer_ops import parse_timer_ops, parse_timers
-from queen.core.txn import parse_transaction
+from queen.core.timer_ops import parse_timer_ops
 from queen.errors import BadRequest, QueenError
+from queen.http import queen_mq
 from queen.http.codec import CBOR, decode_body, encode_body
 from queen.http.connection import Request, Response
 
@@ -133,9 +136,10 @@ class Api:
     async def _kv_batch(self, request: Request, parts, query):
         document = decode_body(request.body, request.content_type)
         _check_batch_body(document)
-        ops = parse_kv_ops(document.get("operations"), self.limits, values_checked=self._values_checked(request))
+        raw_ops = queen_mq.kv_ops(document.get("operations"), self.limits)
+        ops = parse_kv_ops(raw_ops, self.limits, values_checked=self._values_checked(request))
         has_writes = any(op.op not in READ_OPS for op in ops)
-        return {"results": await self.router.run_kv(ops, has_writes)}
+        return {"results": queen_mq.kv_answers(ops, await self.router.run_kv(ops, has_writes))}
 
     async def _kv_one_key(self, request: Request, parts, query: str):
         method = request.method
@@ -149,7 +153,7 @@ class Api:
             if "cursor" in params:
                 raw["cursor"] = params["cursor"]
             if "limit" in params:
-                raw["limit"] = _int_param(params, "limit")
+                raw["limit"] = whole_number(params["limit"], "limit", "invalid_limit", 1, self.limits.page_items_max)
             return await self._one(raw)
         if method == b"POST":
             if not key_raw.endswith("/incr"):
@@ -170,7 +174,7 @@ class Api:
         if method == b"DELETE":
             raw = {"op": "delete", "ns": ns, "key": key}
             if "expect" in params:
-                raw["expect"] = _int_param(params, "expect")
+                raw["expect"] = whole_number(params["expect"], "expect", "invalid_expect")
             return await self._one(raw)
         raise MethodNotAllowed("method_not_allowed", f"{method.decode()} is not allowed here", {"allow": ["GET", "PUT", "DELETE"]})
 
@@ -180,25 +184,26 @@ class Api:
         document = decode_body(request.body, request.content_type)
         _check_batch_body(document)
         ops = parse_lock_ops(document.get("operations"), self.limits)
-        return {"results": await self.router.run_locks(ops, wait_gone=request.wait_gone)}
+        return {"results": await self.router.run_locks(ops, wait_gone=request.wait_gone, answer_now=request.answer_now)}
 
     async def _list_locks(self, request: Request, parts, query: str):
         params = _query(query)
         prefix = params.get("prefix", "")
         if len(prefix.encode()) > self.limits.lock_name_bytes_max:
             raise BadRequest("invalid_prefix", f"prefix must be at most {self.limits.lock_name_bytes_max} bytes")
-        limit = _int_param(params, "limit") if "limit" in params else 100
-        if not 1 <= limit <= self.limits.page_items_max:
-            raise BadRequest("invalid_limit", f"limit must be from 1 to {self.limits.page_items_max}")
-        return await self.router.list_permits(prefix, decode_cursor(params.get("cursor")), limit)
+        return await self.router.list_permits(prefix, decode_cursor(params.get("cursor")), page_limit(params, self.limits))
 
     async def _transaction(self, request: Request, parts, query):
         document = decode_body(request.body, request.content_type)
-        return await self.router.run_transaction(parse_transaction(document, self.limits, self.router.now_ms()))
+        txn, spelling = queen_mq.parse_transaction_document(document, self.limits, self.router.now_ms())
+        return queen_mq.transaction_answer(txn, spelling, await self.router.run_transaction(txn))
 
     async def _timers(self, request: Request, parts, query):
         document = decode_body(request.body, request.content_type)
-        return {"results": await self.router.timers(parse_timers(document, self.limits, self.router.now_ms()))}
+        _check_batch_body(document)
+        raw_ops, spelled = queen_mq.timer_ops(document.get("operations"))
+        ops = parse_timer_ops(raw_ops, self.limits, self.router.now_ms())
+        return {"results": queen_mq.timer_answers(ops, spelled, await self.router.timers(ops))}
 
     async def _list_timers(self, request: Request, parts, query):
         params = _query(query)
@@ -213,18 +218,19 @@ class Api:
     # -- queues -------------------------------------------------------------------------------------
 
     async def _configure(self, request: Request, parts, query):
-        queue, changes = parse_configure(decode_body(request.body, request.content_type), self.limits)
+        document = queen_mq.configure_document(decode_body(request.body, request.content_type))
+        queue, changes = parse_configure(document, self.limits)
         return await self.router.run_queue(queue, Configure(queue, changes))
 
     async def _push(self, request: Request, parts, query):
-        items = parse_push(decode_body(request.body, request.content_type), self.limits)
+        items = parse_push(queen_mq.push_document(decode_body(request.body, request.content_type)), self.limits)
         return await self.router.push(items)
 
     async def _pop(self, request: Request, parts, query):
         queue = unquote(parts[0])
         partition = unquote(parts[1]) if len(parts) > 1 else None
-        op = parse_pop(queue, partition, _query(query), self.limits)
-        return await self.router.run_queue(queue, op, wait_gone=request.wait_gone)
+        op = parse_pop(queue, partition, queen_mq.pop_params(_query(query), self.limits), self.limits)
+        return await self.router.run_queue(queue, op, wait_gone=request.wait_gone, answer_now=request.answer_now)
 
     async def _ack(self, request: Request, parts, query):
         [result] = await self.router.ack([parse_ack(decode_body(request.body, request.content_type), self.limits)])
@@ -252,7 +258,7 @@ class Api:
         group = params.get("consumerGroup")
         group = None if group is None else group_name(group, self.limits)
         partition = params.get("partition")
-        skip = _int_param(params, "offset") if "offset" in params else 0
+        skip = query_number(params, "offset", "invalid_offset", 0)
         op = QueueAdmin("dlq", queue, group=group, partition=partition, cursor=decode_dlq_cursor(params.get("cursor")), skip=skip,
                         limit=page_limit(params, self.limits))
         return await self.router.run_queue(queue, op)
@@ -308,9 +314,10 @@ class Api:
         params = _query(query)
         check_params(params, frozenset(("txn",)))
         kind = "cancel" if request.method == b"DELETE" else "get"
-        raw = {"op": kind, "queue": unquote(parts[0]), "timerKey": unquote(parts[1])}
-        [op] = parse_timer_ops([raw], self.limits, self.router.now_ms())
+        [op] = parse_timer_ops([{"op": kind, "queue": unquote(parts[0]), "key": unquote(parts[1])}], self.limits,
+                               self.router.now_ms())
         [result] = await self.router.timers([op])
+        queen_mq.timer_answer(op, True, result)
         if kind == "cancel" and "txn" in params:
             result["txn"] = params["txn"]  # echoed on absent too: it may have fired, with this id
         return result
@@ -321,13 +328,9 @@ class Api:
         check_params(params, frozenset(("after", "limit")))
         queue = queue_name(unquote(parts[0]), self.limits)
         after = params.get("after") or None
-        limit = min(_int_param(params, "limit"), self.limits.page_items_max) if "limit" in params else 100
-        page = await self.router.list_timers(queue, "", after, max(1, limit))
-        rows = page["items"]
-        for row in rows:
-            row["timerKey"] = row["key"]
-        return {"rows": rows, "truncated": page["cursor"] is not None,
-                "nextAfter": rows[-1]["key"] if page["cursor"] is not None else None}
+        # The Queen MQ client's page size, held to ours rather than refused.
+        limit = min(query_number(params, "limit", "invalid_limit", 100), self.limits.page_items_max)
+        return queen_mq.timer_page(await self.router.list_timers(queue, "", after, max(1, limit)))
 
     async def _group_delete_everywhere(self, request: Request, parts, query):
         params = _query(query)
@@ -351,7 +354,7 @@ class Api:
 
     async def _one(self, raw: dict):
         op = parse_kv_op(raw, None, self.limits)
-        return (await self.router.run_kv([op], op.op not in READ_OPS))[0]
+        return queen_mq.kv_answers([op], await self.router.run_kv([op], op.op not in READ_OPS))[0]
 
 
 _DLQ_PARAMS = frozenset(("queue", "consumerGroup", "partition", "cursor", "limit", "offset"))
@@ -376,9 +379,3 @@ def _allow(method: bytes, *allowed: bytes) -> None:
 def _query(query: str) -> dict[str, str]:
     return {name: values[-1] for name, values in parse_qs(query, keep_blank_values=True).items()}
 
-
-def _int_param(params: dict, name: str) -> int:
-    raw = params[name]
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19):
-        raise BadRequest(f"invalid_{name}", f"{name} must be a whole number")
-    return int(raw)

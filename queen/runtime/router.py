@@ -7,15 +7,32 @@ from __future__ import annotations
 
 import trio
 
-from queen.core.kv import LOCKS_NS, KvOp, encode_cursor
+from queen.core.kv import LOCKS_NS, VERSIONS_WRITABLE_MAX, KvOp, encode_cursor
 from queen.core.locks import LockOp
-from queen.core.queue_ops import AckItem, Acks, LeaseCall, PopOp, Push, PushItem, QueueAdmin
-from queen.core.state import Abandon, Tick, Transaction, shard_of, shard_of_lock, shard_of_queue
+from queen.core.outcomes import Refusal
+from queen.core.placement import (
+    shard_of,
+    shard_of_lease,
+    shard_of_lock,
+    shard_of_partition,
+    shard_of_queue,
+)
+from queen.core.queue_ops import (
+    AckItem,
+    Acks,
+    Configure,
+    LeaseCall,
+    PopOp,
+    Push,
+    PushItem,
+    QueueAdmin,
+)
+from queen.core.state import Abandon, Tick, Transaction
 from queen.core.timer_ops import TimerList, TimerOp, Timers
 from queen.core.txn import TransactionOps
 from queen.errors import Unavailable
 from queen.runtime.shard_actor import ShardActor
-from queen.runtime.steps import Call, StepRunner
+from queen.runtime.steps import Call, StepRunner, versions_exhausted
 
 
 class Router:
@@ -24,6 +41,8 @@ class Router:
         self.shard_count = len(actors)
         self.steps = steps
         self.writer = steps.writer
+        self.shared = steps.state.queues  # which queue an ack's partition or a lease is of (placement)
+        self.versions = steps.state.versions
         self.draining = False
 
     def now_ms(self) -> int:
@@ -31,6 +50,11 @@ class Router:
         return self.steps.clock.now_ms()
 
     def refuse_writes_if_unavailable(self) -> None:
+        """Every call that may write passes here before any part of it is sent, so a refusal
+        changes nothing. One comparison for the versions: near their end a call is refused whole
+        here, not cut short by the check on each step (queen/runtime/steps.py)."""
+        if self.versions.last > VERSIONS_WRITABLE_MAX:
+            raise versions_exhausted(self.versions.last)
         if self.writer.failed is not None:
             raise Unavailable("not_durable", "the server cannot make writes durable (a disk error, or an internal error: "
                               "see its log); writes are refused until it is restarted", {"cause": str(self.writer.failed)})
@@ -78,9 +102,6 @@ class Router:
                 for key, item in zip(op.keys, pieces, strict=True):
                     item["key"] = key
                 results[position] = {"items": pieces}
-        for position, op in enumerate(ops):
-            if op.op == "getMany":
-                _getmany_queen_mq_names(results[position])
         out = results[: len(ops)]
         for position, op in enumerate(ops):
             result = out[position]
@@ -88,10 +109,10 @@ class Router:
             result["op"] = op.op
         return out
 
-    async def run_locks(self, ops: list[LockOp], wait_gone=None) -> list[dict]:
+    async def run_locks(self, ops: list[LockOp], wait_gone=None, answer_now=None) -> list[dict]:
         """Lock operations, grouped by the shard of each name. An acquire with waitMs may park; if
         `wait_gone` returns (the client hung up), the parked ones are answered "cancelled" instead
-        of being handed a permit nobody would use."""
+        of being handed a permit nobody would use (`answer_now`: see _wait_or_abandon)."""
         if any(op.op != "get" for op in ops):
             self.refuse_writes_if_unavailable()
         count = self.shard_count
@@ -105,7 +126,7 @@ class Router:
                 waiting_shards.append(shard)
         await self._send_parts(parts)
         if waiting_shards and wait_gone is not None:
-            await self._wait_or_abandon(call, waiting_shards, wait_gone)
+            await self._wait_or_abandon(call, waiting_shards, wait_gone, answer_now)
         else:
             await call.done.wait()
         if call.error is not None:
@@ -122,24 +143,17 @@ class Router:
     def queue_shard(self, queue: str) -> int:
         return shard_of_queue(queue, self.shard_count) if self.shard_count > 1 else 0
 
-    def _shard_of_partition(self, partition_id: int) -> int:
-        queue = self.steps.state.queues.partition_queue.get(partition_id)
-        return self.queue_shard(queue) if queue is not None else 0  # unknown: answered lease_lost there
 
-    def _shard_of_lease(self, lease_id: int) -> int:
-        queue = self.steps.state.queues.lease_queue.get(lease_id)
-        return self.queue_shard(queue) if queue is not None else 0
-
-    async def run_queue(self, queue: str | None, op, wait_gone=None, shard: int | None = None):
+    async def run_queue(self, queue: str | None, op, wait_gone=None, shard: int | None = None, answer_now=None):
         """One queue operation on its queue's shard. A pop with waitMs may park; if `wait_gone`
         returns meanwhile (the client hung up), it is answered cancelled, never handed anything."""
-        if type(op) in (PopOp, LeaseCall) or (type(op) is QueueAdmin and op.kind in _ADMIN_WRITES):
+        if type(op) in (PopOp, LeaseCall, Configure) or (type(op) is QueueAdmin and op.kind in _ADMIN_WRITES):
             self.refuse_writes_if_unavailable()
         shard = self.queue_shard(queue) if shard is None else shard
         call = Call(1, 1)
         await self._send(shard, [(call, 0, op)])
         if type(op) is PopOp and op.wait_ms and wait_gone is not None:
-            await self._wait_or_abandon(call, [shard], wait_gone)
+            await self._wait_or_abandon(call, [shard], wait_gone, answer_now)
         else:
             await call.done.wait()
         if call.error is not None:
@@ -171,11 +185,11 @@ class Router:
         self.refuse_writes_if_unavailable()
         by_shard: dict[int, list] = {}
         for item in items:
-            by_shard.setdefault(self._shard_of_partition(item.partition_id), []).append(item)
+            by_shard.setdefault(shard_of_partition(self.shared, item.partition_id, self.shard_count), []).append(item)
         return await self._spread(by_shard, Acks, len(items))
 
     async def lease_call(self, op: LeaseCall) -> dict:
-        return await self.run_queue(None, op, shard=self._shard_of_lease(op.lease_id))
+        return await self.run_queue(None, op, shard=shard_of_lease(self.shared, op.lease_id, self.shard_count))
 
     async def _spread(self, by_shard: dict[int, list], kind, count: int) -> list[dict]:
         call = Call(len(by_shard), len(by_shard))
@@ -197,6 +211,8 @@ class Router:
                  for shard in range(self.shard_count)}
         await self._send_parts(parts)
         await call.done.wait()
+        if call.error is not None:
+            raise call.error
         items = sorted((item for part in call.results for item in part), key=lambda item: item["queue"])
         more = len(items) > limit
         items = items[:limit]
@@ -215,14 +231,20 @@ class Router:
         queues = sorted(name for part in call.results for name in part)
         return {"deleted": bool(queues), "consumerGroup": group, "queues": queues}
 
-    async def _wait_or_abandon(self, call: Call, shards: list[int], wait_gone) -> None:
+    async def _wait_or_abandon(self, call: Call, shards: list[int], wait_gone, answer_now=None) -> None:
+        """Wait for a parked call's answer. If `wait_gone` returns first (the client hung up), its
+        parked operations are answered "cancelled", never handed anything; if `answer_now` does
+        (queen/http/connection.py: the connection is needed for a new client), they are answered as
+        if their wait had run out, which is what their client waited for anyway."""
         async with trio.open_nursery() as nursery:
-            async def abandon_when_gone():
-                await wait_gone()
+            async def abandon_when(wait, timed_out: bool) -> None:
+                await wait()
                 for shard in shards:
-                    await self._send(shard, Abandon(shard, call))
+                    await self._send(shard, Abandon(shard, call, timed_out))
 
-            nursery.start_soon(abandon_when_gone)
+            nursery.start_soon(abandon_when, wait_gone, False)
+            if answer_now is not None:
+                nursery.start_soon(abandon_when, answer_now, True)
             await call.done.wait()
             nursery.cancel_scope.cancel()
 
@@ -273,33 +295,18 @@ _ADMIN_WRITES = frozenset(("requeue", "purge", "delete", "delete_group", "delete
 def _checked(result):
     """A shard's answer, or the error it stands for: a refusal the state decided (a 400), or the
     server stopping while the call was parked (503)."""
-    if type(result) is dict:
-        refused = result.get("_refused")
-        if refused is not None:
-            raise refused
-        unavailable = result.get("_unavailable")
-        if unavailable is not None:
-            raise Unavailable(*unavailable)
+    if type(result) is Refusal:
+        raise result.error
     return result
 
 
 def _merge_prefix_pages(pages: list[dict], limit: int) -> dict:
-    """Our page (`items`, `cursor`), and the same rows under the Queen MQ client's names: `rows`,
-    `truncated`, `nextAfter` (the last key, plain: its `after`). Both name one list, encoded twice."""
+    """One page (`items`, `cursor`) from every shard's part of it."""
     items = [item for page in pages for item in page["items"]]
     items.sort(key=lambda item: item["key"])
     more = len(items) > limit
     items = items[:limit]
-    last = items[-1]["key"] if more else None
-    return {"items": items, "cursor": encode_cursor(last) if more else None,
-            "rows": items, "truncated": more, "nextAfter": last}
-
-
-def _getmany_queen_mq_names(page: dict) -> None:
-    """getMany's answer also as the Queen MQ client reads it: the rows found, the keys missing."""
-    items = page["items"]
-    page["rows"] = [item for item in items if item["found"]]
-    page["missing"] = [item["key"] for item in items if not item["found"]]
+    return {"items": items, "cursor": encode_cursor(items[-1]["key"]) if more else None}
 
 
 async def tick_forever(steps: StepRunner, tick_ms: int) -> None:

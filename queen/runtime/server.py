@@ -17,6 +17,7 @@ import trio
 
 from queen.clock import Clock
 from queen.config import Config
+from queen.core.queues import views as queue_views
 from queen.core.state import Drain, State
 from queen.core.wheel import TICK_MS
 from queen.http.connection import HttpServer, connection_budget, open_listeners
@@ -182,7 +183,7 @@ class Server:
         stats = [table.stats for table in tables]
         gauges = {"messages": [], "pending": [], "in_flight": [], "dlq": []}
         for table in tables:
-            for queue, group, what, value in table.metrics(now_ms):
+            for queue, group, what, value in queue_views.gauges(table.queues, now_ms):
                 labels = f'queue="{_label(queue)}"' + (f',group="{_label(group)}"' if group else "")
                 gauges[what].append(f"queen_queue_{what}{{{labels}}} {value}\n")
         helps = {"messages": "messages retained, DLQ entries included", "pending": "messages a group has yet to be "
@@ -205,8 +206,8 @@ class Server:
                    f"queen_dlq_moves_total {sum(s.dlq_moves for s in stats)}\n")
         out.append("# HELP queen_pop_wait_seconds how long parked pops waited before they were served\n"
                    "# TYPE queen_pop_wait_seconds summary\n"
-                   f"queen_pop_wait_seconds_sum {sum(s.pop_wait_ms_total for s in stats) / 1000}\n"
-                   f"queen_pop_wait_seconds_count {sum(s.pop_waits for s in stats)}\n")
+                   f"queen_pop_wait_seconds_sum {sum(t.parked.wait_ms_total for t in tables) / 1000}\n"
+                   f"queen_pop_wait_seconds_count {sum(t.parked.served_total for t in tables)}\n")
         timers = [table.timers.stats for table in tables]
         fired = sum(t.fired for t in timers)
         out.append("# HELP queen_timers_pending timers scheduled and not yet fired or cancelled\n"

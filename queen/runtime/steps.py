@@ -6,6 +6,10 @@ the router for transactions, the ticker for ticks. So a parked request freed by 
 answered by that step, and every answer is covered by durability the same way: a finished call
 waits for the last version applied when it finished, whatever it read, so it can never show a
 version, token or fence a crash could take back.
+
+It is also the last gate before a version reaches the log or an answer: a step that took a version
+past VERSION_MAX (queen/core/kv.py) goes no further (one comparison per step). The router refuses
+calls that write long before that (VERSIONS_WRITABLE_MAX), so this only catches what got by it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import trio
 
 from queen.clock import Clock
+from queen.core.kv import VERSION_MAX
 from queen.core.state import Ops, State, Transaction
 from queen.errors import QueenError
 from queen.wal.writer import WalWriter
@@ -24,6 +29,20 @@ logger = logging.getLogger(__name__)
 
 def _internal() -> QueenError:
     return QueenError("internal", "the server failed to handle this request; see its log", http_status=500)
+
+
+def versions_exhausted(last_version: int) -> QueenError:
+    """The refusal once the versions run out. 507 Insufficient Storage, not 503: the server cannot
+    store what the call would write, and that does not pass with time, where a 503 tells clients to
+    try again (the SDK retries it, for calls safe to repeat)."""
+    return QueenError(
+        "versions_exhausted",
+        f"this data directory has used up its versions: every version, lock token, fence and id comes from one "
+        f"counter, now at {last_version}, and none may pass {VERSION_MAX} (2^53 - 1, the largest integer a JSON "
+        "client reads exactly). Writes are refused for good; reads still work. Move the data to a new data "
+        "directory (copy it out, e.g. `queen kv list NS --json`, and write it back there); versions start again "
+        "from 1 there, so its tokens and fences are not to be compared with these.",
+        {"lastVersion": last_version, "versionMax": VERSION_MAX}, http_status=507)
 
 
 class Call:
@@ -54,6 +73,9 @@ class StepRunner:
         except Exception as error:
             self._failed(step, error)
             return
+        if applied.last_version > VERSION_MAX:
+            self._past_version_max(step, applied)
+            return
         self.steps_applied += 1
         writer = self.writer
         if applied.last_version:
@@ -77,6 +99,27 @@ class StepRunner:
             call.parts_left -= 1
             if not call.parts_left:
                 self.writer.when_durable(last, call)
+
+    def _past_version_max(self, step, applied) -> None:
+        """A step took versions past VERSION_MAX: what got by the router's refusal (calls admitted
+        before it, parked requests, expiries, timers) used up the versions kept for it. Its records
+        never reach the log and no answer shows its versions; but memory now holds what the log
+        does not, so, as after a step that failed half way, no more writes until a restart (which
+        rebuilds the state from the log, below the limit, and refuses writes from the start)."""
+        error = versions_exhausted(applied.last_version)
+        logger.error("event=versions_exhausted step=%s first_version=%d last_version=%d version_max=%d "
+                     "action=refusing_writes", type(step).__name__, applied.first_version, applied.last_version,
+                     VERSION_MAX)
+        self.writer.stop(error)
+        calls = [answer[0] for answer in applied.answers] + [failure[0] for failure in applied.failures or ()]
+        if type(step) is Ops:
+            calls += [item[0] for item in step.items]
+        elif type(step) is Transaction:
+            calls.append(step.reply_to)
+        for call in calls:
+            if isinstance(call, Call) and not call.done.is_set():
+                call.error = error
+                call.done.set()
 
     def _failed(self, step, error: Exception) -> None:
         """A bug stopped a step half way. Memory may now hold what the log does not: take no more

@@ -12,6 +12,8 @@ defines them; item_count is that array's length. first_version and last_version 
 of the frame's first and last versioned records (0 and 0 when it has none, as a frame holding only
 a ceiling). crc32 covers first_version, last_version, item_count and the payload, so a flipped bit
 anywhere but the magic and the length is caught, and a wrong length by the payload's CRC failing.
+A frame whose only damage is one flipped bit of its magic or its length still checks with that bit
+flipped back (`checked_end`), so recovery can tell it whole and where it ends.
 One frame is written per commit batch, and a frame is all or nothing: the records of one step
 (a transaction across shards included) are always in the same frame.
 
@@ -91,14 +93,40 @@ class FrameHeader:
         self.end = end
 
 
-def read_frame_header(data: bytes | memoryview, offset: int) -> FrameHeader | None:
-    """The header at offset if its magic is right and it lies whole in data, else None."""
+def read_frame_header(data: bytes | memoryview, offset: int, *, any_magic: bool = False) -> FrameHeader | None:
+    """The header at offset if it lies whole in data and its magic is right (any_magic: whatever
+    its magic), else None."""
     if offset + FRAME_HEADER.size > len(data):
         return None
     magic, size, _, first_version, last_version, count = FRAME_HEADER.unpack_from(data, offset)
-    if magic != FRAME_MAGIC:
+    if magic != FRAME_MAGIC and not any_magic:
         return None
     return FrameHeader(size, first_version, last_version, count, offset + FRAME_HEADER.size + size)
+
+
+def checked_end(data: bytes, offset: int) -> int | None:
+    """Where the frame at offset ends if its checksum holds with its length as written or with any
+    one bit of the length flipped, whatever its magic says; else None.
+
+    For a frame that failed to decode: when this finds an end, the damage is in the magic or the
+    length alone (the checksum vouches for everything else), so the frame is whole, ends there,
+    and its header's versions are true. One pass over the data up to the farthest candidate end."""
+    start = offset + FRAME_HEADER.size
+    if start > len(data):
+        return None
+    _, size, crc, first_version, last_version, count = FRAME_HEADER.unpack_from(data, offset)
+    lengths = {size} | {size ^ (1 << bit) for bit in range(32)}
+    ends = sorted(start + length for length in lengths
+                  if length <= PAYLOAD_BYTES_MAX and start + length <= len(data))
+    view = memoryview(data)
+    running = zlib.crc32(_CRC_FIELDS.pack(first_version, last_version, count))
+    position = start
+    for end in ends:
+        running = zlib.crc32(view[position:end], running)
+        position = end
+        if running == crc:
+            return end
+    return None
 
 
 def decode_frame(data: bytes | memoryview, offset: int) -> tuple[list, int, int, int]:

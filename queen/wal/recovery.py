@@ -3,17 +3,31 @@
 Rules (after etcd's WAL repair):
   - A damaged or incomplete frame at the very end of the last segment is what a crash mid-write
     leaves, or what a bad disk does to the newest bytes. Whatever is cut is first kept in a
-    quarantine file beside the segment (`<segment>.cut-<offset>`), and logged: at warning level
-    for an incomplete frame (a torn write, never acknowledged), at error level for a frame that is
-    whole but does not check (it may have been acknowledged), with the versions its header claims.
+    quarantine file beside the segment (`<segment>.cut-<offset>`), and logged with the versions
+    its header claims:
+      - at error level `wal_frame_damaged` for a frame that is whole but does not check: it may
+        have been acknowledged. Whole means its header's end lies within the file, or the frame
+        checks with one bit of its magic or its length flipped back (then that was the damage, and
+        the checksum says where the frame ends). Its bytes are kept exactly, then whatever follows
+        them less the zeros of the space the writer allocated ahead.
+      - at warning level `wal_tail_torn` for an incomplete frame, one that runs past the end of
+        the file: a torn write, never acknowledged. Its bytes are kept, less trailing zeros.
+    A write torn by a power loss inside the space allocated ahead ends inside those zeros, and
+    cannot be told from a whole frame whose tail was zeroed: it is logged at error level, loud
+    rather than silent about a possible loss. A flip in the length together with other damage
+    can make a whole frame look incomplete, and is logged as torn.
   - A damaged frame with any valid frame after it, a missing segment, or a log that says a segment
     was started that is not there (a segment_cut record naming it, or a snapshot that begins with
     it): not something a crash leaves. Recovery refuses (CorruptLog naming the file and offset)
     rather than silently dropping acknowledged writes.
   - Versions never go back: the counter restarts above the highest of the last version replayed,
     the highest ceiling record (which the writer keeps ahead of every version it writes), and any
-    plausible version a cut frame's header claims. So no token, fence or id an answer ever showed
-    is handed out again, even when the frame that held it had to be cut.
+    believable version a cut frame's header claims. So no token, fence or id an answer ever showed
+    is handed out again, even when the frame that held it had to be cut. A claim is believed up
+    to CEILING_BLOCK above the highest ceiling and last version replayed (`_claims_believed_max`
+    says why), never past VERSION_MAX: a flipped high bit must not move every later id for good.
+  - No version past VERSION_MAX (2^53 - 1, queen/core/kv.py): a log whose versions went past it
+    (written by an older build) is refused (VersionsExhausted), with what to do about it.
   - A directory written by another format version is refused whole (UnreadableFormat), with what
     to do about it.
 """
@@ -26,14 +40,18 @@ import re
 from dataclasses import dataclass, field
 
 from queen.core import records as rec
-from queen.errors import CorruptLog, UnreadableFormat
+from queen.core.kv import VERSION_MAX
+from queen.errors import CorruptLog, UnreadableFormat, VersionsExhausted
 from queen.wal.disk import Disk
 from queen.wal.frame import (
     FILE_HEADER,
+    FRAME_HEADER,
     FRAME_MAGIC,
+    PAYLOAD_BYTES_MAX,
     FormatVersionError,
     FrameError,
     check_file_header,
+    checked_end,
     decode_frame,
     find_next_valid_frame,
     read_frame_header,
@@ -44,9 +62,11 @@ logger = logging.getLogger(__name__)
 
 SEGMENT_RE = re.compile(r"^wal-(\d{16})\.seg$")
 SNAPSHOT_RE = re.compile(r"^snapshot-(\d{20})\.snap$")
-# A version a damaged header claims is believed only below this: a flipped high bit must not push
-# the counter to the end of its range. The ceiling records cover every honest claim anyway.
-CLAIM_PLAUSIBLE_MAX = 1 << 62
+# Versions the writer (queen/wal/writer.py) reserves ahead of use: its ceiling record is renewed to
+# CEILING_BLOCK past the last version of a batch whenever a batch comes within half a block of the
+# ceiling. So a restart skips at most this many versions, and recovery believes a cut frame's claim
+# at most this far past what it replayed. Here rather than in the writer, which imports this module.
+CEILING_BLOCK = 1 << 16
 # Format versions are small numbers; a header with a larger one is torn, not from another build.
 FORMAT_VERSION_PLAUSIBLE_MAX = 1 << 16
 
@@ -70,7 +90,7 @@ class Recovered:
     apply_count: int = 0  # records applied to the state
     last_version: int = 0  # highest version replayed
     ceiling: int = 0  # highest ceiling record found
-    claimed_version: int = 0  # highest plausible version a cut frame's header claimed
+    claimed_version: int = 0  # highest version a cut frame's header claimed that was believed
     next_segment: int = 1
     snapshot_version: int = 0
     snapshot_records: int = 0
@@ -142,6 +162,15 @@ def recover(data_dir: str, apply, disk: Disk | None = None) -> Recovered:
     if announced is not None:
         raise CorruptLog(f"{segment_name(announced)} is missing: {segments[order[-1]]} ends by saying the log "
                          "goes on in it")
+    if result.version_floor > VERSION_MAX:
+        raise VersionsExhausted(
+            f"{os.path.abspath(data_dir)}: the log holds versions up to {result.last_version} and a ceiling of "
+            f"{result.ceiling}, past {VERSION_MAX} (2^53 - 1), the largest id a JSON client reads exactly; this "
+            "build hands out and serves no id past it. Only an older build writes such versions (one that believed "
+            "the version a damaged frame's header claimed, a high bit flipped). To carry the data over: copy the keys "
+            "out with that build (`queen kv list NS --json` for each namespace), stop it, move the directory "
+            "aside, and write the keys into an empty directory with this one. Locks are leases: let them be "
+            "acquired again.")
     return result
 
 
@@ -260,32 +289,79 @@ def _refuse_unless_tail(path: str, offset: int, reason: str, data: bytes, later:
 
 
 def _quarantine_tail(path: str, offset: int, reason: str, data: bytes, result: Recovered, disk: Disk) -> None:
-    """Keep the bytes past offset beside the segment (less the zeros of space allocated ahead), note
-    the versions their headers claim, then cut the segment there."""
-    cut = data[offset:].rstrip(b"\0")
-    header = read_frame_header(data, offset)
-    # A whole frame that does not check may have been acknowledged. A torn write into space
-    # allocated ahead also reaches its end, but the end is still zeros.
-    whole = header is not None and header.end <= offset + len(cut)
-    claims = []
-    position = 0
-    while (position := cut.find(FRAME_MAGIC, position)) != -1:
-        claimed = read_frame_header(cut, position)
-        if claimed is not None and claimed.first_version <= claimed.last_version < CLAIM_PLAUSIBLE_MAX:
-            claims.append((claimed.first_version, claimed.last_version))
+    """Keep the bytes past offset beside the segment, note the versions their headers claim, then
+    cut the segment there. A whole frame is kept exactly, then whatever follows it less the zeros
+    of the space allocated ahead; an incomplete one less its trailing zeros (they say nothing:
+    unwritten space or its own, and it was never acknowledged)."""
+    end = checked_end(data, offset)
+    vouched = end is not None  # the damage was in the magic or the length; the rest checks
+    if vouched:
+        if data[offset:offset + len(FRAME_MAGIC)] != FRAME_MAGIC:
+            reason += "; the rest of the frame checks: its magic is damaged"
+        elif end != read_frame_header(data, offset).end:
+            reason += f"; the frame checks with a length of {end - offset - FRAME_HEADER.size}: its length is damaged"
+    else:
+        header = read_frame_header(data, offset)
+        # Judged by the end its header claims, not by the data less its trailing zeros: a frame's
+        # own last bytes are often zeros (a record ending with a 0 field, stored raw).
+        if header is not None and header.payload_bytes <= PAYLOAD_BYTES_MAX and header.end <= len(data):
+            end = header.end
+    whole = end is not None
+    cut = data[offset:end] + data[end:].rstrip(b"\0") if whole else data[offset:].rstrip(b"\0")
+    believed_max = _claims_believed_max(result)
+    believed, not_believed = [], []
+    for position in _header_positions(cut, vouched):
+        claimed = read_frame_header(data, offset + position, any_magic=True)
+        if claimed is None:
+            continue
+        claim = (claimed.first_version, claimed.last_version)
+        if claimed.last_version <= believed_max:
+            believed.append(claim)
             result.claimed_version = max(result.claimed_version, claimed.last_version)
-        position += 1
+        else:
+            not_believed.append(claim)
     target = quarantine_name(path, offset)
     disk.write_file_atomically(target, cut)
     result.quarantined.append(target)
-    claimed_text = ",".join(f"{first}..{last}" for first, last in claims) or "none"
+    claims = (f"claimed_versions={_versions_text(believed)} claims_not_believed={_versions_text(not_believed)} "
+              f"claims_believed_max={believed_max}")
     if whole:
         # A frame that is all there but does not check may have been acknowledged: say so loudly.
-        logger.error("event=wal_frame_damaged file=%s offset=%d bytes=%d reason=%r claimed_versions=%s "
-                     "quarantine=%s action=cut_and_restart_above_ceiling", path, offset, len(cut), reason,
-                     claimed_text, target)
+        logger.error("event=wal_frame_damaged file=%s offset=%d bytes=%d reason=%r %s quarantine=%s "
+                     "action=cut_and_restart_above_ceiling", path, offset, len(cut), reason, claims, target)
     else:
-        logger.warning("event=wal_tail_torn file=%s offset=%d bytes=%d reason=%r claimed_versions=%s quarantine=%s",
-                       path, offset, len(cut), reason, claimed_text, target)
+        logger.warning("event=wal_tail_torn file=%s offset=%d bytes=%d reason=%r %s quarantine=%s",
+                       path, offset, len(cut), reason, claims, target)
     result.truncated_bytes += len(cut)
     disk.truncate(path, offset)
+
+
+def _claims_believed_max(result: Recovered) -> int:
+    """The highest version a cut frame's header is believed to claim.
+
+    The writer puts a ceiling at or above a frame's last version on disk before the frame: in an
+    earlier frame, the snapshot, or a ceiling frame written just before it in the same write (a
+    fresh log's first write too). With only the cut frame damaged, that ceiling is replayed, so an
+    honest claim is at most result.ceiling. A block more covers a tail where that ceiling frame was
+    cut along with the batch's frame after it (damage across both): the batch began at most one
+    version past the old ceiling, so its claim is within a block of it if it took at most a block
+    of versions. Believing a wrong claim up to there costs at most a block of skipped versions, as
+    any restart does. The last version replayed counts too, for a log with no ceiling record.
+    Never past VERSION_MAX: this build hands out no version above it."""
+    return min(max(result.ceiling, result.last_version) + CEILING_BLOCK, VERSION_MAX)
+
+
+def _header_positions(cut: bytes, vouched: bool) -> list[int]:
+    """Where frame headers start in the cut bytes: wherever the frame magic is, and at 0 when the
+    checksum vouched for a frame whose magic is damaged."""
+    positions = [0] if vouched else []
+    position = 0
+    while (position := cut.find(FRAME_MAGIC, position)) != -1:
+        if position not in positions:
+            positions.append(position)
+        position += 1
+    return positions
+
+
+def _versions_text(claims: list[tuple[int, int]]) -> str:
+    return ",".join(f"{first}..{last}" for first, last in claims) or "none"

@@ -13,10 +13,10 @@ every connection. Snapshots always go to the thread.
 Invariants:
   - versions rise across submits (asserted);
   - before a frame goes to disk, a ceiling record at or above its last version is on disk in an
-    earlier frame or the snapshot; the writer renews the ceiling CEILING_BLOCK ahead, in a small
-    frame written just before the batch's (same write, same fsync), whenever a batch comes within
-    half a block of it. Recovery restarts versions above the highest ceiling, so even a cut frame's
-    versions are never handed out twice;
+    earlier frame or the snapshot; the writer renews the ceiling CEILING_BLOCK ahead (never past
+    VERSION_MAX, which no version passes), in a small frame written just before the batch's (same
+    write, same fsync), whenever a batch comes within half a block of it. Recovery restarts
+    versions above the highest ceiling, so even a cut frame's versions are never handed out twice;
   - a segment is allocated at its full size when created, so the fdatasync after each frame
     flushes data without growing the file (recovery reads the zeros after the last frame as the
     end of the log);
@@ -39,17 +39,18 @@ import time
 import trio
 
 from queen.core import records as rec
+from queen.core.kv import VERSION_MAX
 from queen.errors import Unavailable
 from queen.wal.disk import Disk
 from queen.wal.frame import encode_frame, file_header
-from queen.wal.recovery import list_dir, segment_name
+from queen.wal.recovery import CEILING_BLOCK, list_dir, segment_name
 from queen.wal.snapshot import encode_snapshot, snapshot_name
 
 logger = logging.getLogger(__name__)
 
-# Versions reserved ahead of use. A restart begins above the last ceiling, so this is also the
-# most versions a restart skips; a ceiling record is renewed about every half block.
-CEILING_BLOCK = 1 << 16
+# CEILING_BLOCK (2^16, defined in recovery.py, which bounds what it believes by it): versions
+# reserved ahead of use. A restart begins above the last ceiling, so this is also the most versions
+# a restart skips; a ceiling record is renewed about every half block.
 # A frame's write + fsync runs on the event loop while the mean of recent ones is under
 # INLINE_FSYNC_S_MAX, in the disk thread once it goes over, and back on the loop under half of it.
 # Measured on an ext4 disk doing 6,000 fdatasyncs/s: inline at 0.3-0.5 ms per commit still costs
@@ -241,8 +242,10 @@ class WalWriter:
     def _commit(self, items: list, first_version: int, last_version: int) -> None:
         data = b""
         ceiling = self.ceiling
-        if last_version > ceiling - CEILING_BLOCK // 2:
-            ceiling = last_version + CEILING_BLOCK
+        if last_version > ceiling - CEILING_BLOCK // 2 and ceiling < VERSION_MAX:
+            # Never past VERSION_MAX: no version goes past it (queen/runtime/steps.py), and recovery
+            # refuses a log whose ceiling does.
+            ceiling = min(last_version + CEILING_BLOCK, VERSION_MAX)
             marker: list = []
             rec.ceiling(marker, ceiling)
             data = encode_frame(marker, 0, 0)

@@ -17,6 +17,7 @@ from queen.core.queue_ops import (
     parse_pop,
     parse_push,
 )
+from queen.core.queues import views
 from queen.core.state import Abandon, Ops, State, Tick, Transaction
 from queen.core.timer_ops import Timers, parse_timer_ops
 from queen.core.txn import parse_transaction
@@ -27,7 +28,7 @@ T0 = 1_700_000_000_000
 
 def wire(document):
     """document as a JSON client reads it (a message's payload is kept encoded, as a Fragment); an
-    error answer (an exception, or a refusal marker holding one) as it is."""
+    error answer (an exception, or a Refusal) as it is."""
     try:
         return orjson.loads(orjson.dumps(document, default=json_default))
     except TypeError:
@@ -121,3 +122,16 @@ class Queues:
         for record in self.records:
             copy.replay(record)
         return copy
+
+
+def info(table, name, now_ms):
+    """The admin's view of one queue of a shard's table."""
+    return views.queue_info(table.queues, table.timers, name, now_ms)
+
+
+def partitions(table, name, group, prefix, after, limit, now_ms):
+    return views.partitions_page(table.queues, name, group, prefix, after, limit, now_ms)
+
+
+def dlq(table, name, group, partition, cursor, skip, limit):
+    return views.dlq_page(table.queues, name, group, partition, cursor, skip, limit)

@@ -54,8 +54,7 @@ class KvModel(RuleBasedStateMachine):
         current = live[1] if live else 0
         if expect is not None and expect != current:
             assert result == {"applied": False, "reason": "version",
-                              "current": {"value": live[0] if live else None, "version": current},
-                              "value": live[0] if live else None, "version": current}
+                              "current": {"value": live[0] if live else None, "version": current}}
         else:
             self._store(key, value, ttl)
             assert result == {"applied": True, "version": self.version}

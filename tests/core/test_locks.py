@@ -42,8 +42,8 @@ class Shard:
     def tick(self, now_ms):
         self.answered += [(reply_to, result) for reply_to, _, result in self.step(Tick(), now_ms)]
 
-    def abandon(self, reply_to, now_ms=T0):
-        self.answered += [(to, result) for to, _, result in self.step(Abandon(0, reply_to), now_ms)]
+    def abandon(self, reply_to, now_ms=T0, timed_out=False):
+        self.answered += [(to, result) for to, _, result in self.step(Abandon(0, reply_to, timed_out), now_ms)]
 
     def acquire(self, name="job", owner=None, ttl=30, now_ms=T0, reply_to=None, **extra):
         raw = {"op": "acquire", "name": name, "ttlSeconds": ttl, **extra}
@@ -189,6 +189,19 @@ def test_abandoned_waiter_is_answered_cancelled_and_never_served():
     shard.release(holder)
     assert [(t, r["reason"]) for t, r in shard.answered] == [("t", "cancelled")]
     assert shard.lock(op="get", name="job")["holders"] == []
+
+
+def test_a_waiter_answered_early_answers_as_its_timeout_would_with_the_holders():
+    """At the connection limit the server needs a parked acquire's connection: it is answered as its
+    wait running out would be, holders and all, and never served after."""
+    shard = Shard()
+    holder = shard.acquire(owner="h")
+    assert shard.acquire(owner="early", ttl=5, waitMs=5000, reply_to="t") is None
+    shard.abandon("t", timed_out=True)
+    [(to, answer)] = shard.answered
+    assert to == "t" and answer["reason"] == "timeout" and [h["owner"] for h in answer["holders"]] == ["h"]
+    shard.release(holder)
+    assert len(shard.answered) == 1
 
 
 def test_a_permit_found_expired_by_a_read_goes_to_the_waiter_in_that_same_step():

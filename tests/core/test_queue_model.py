@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from queen.core import records as rec
 from queen.core.state import State
-from tests.core.queue_harness import T0, Queues, wire
+from tests.core.queue_harness import T0, Queues, dlq, info, partitions, wire
 
 GROUPS = st.sampled_from(["__QUEUE_MODE__", "g2"])
 PARTITIONS = st.sampled_from(["p0", "p1", "p2"])
@@ -135,19 +135,19 @@ class QueueModel(RuleBasedStateMachine):
     @invariant()
     def replay_and_snapshot_rebuild_the_same_queues(self):
         live = self.q.state.shards[0].queues
-        views = wire((live.queue_info("orders", self.q.now), live.partitions_page("orders", None, "", None, 100, self.q.now),
-                      live.dlq_list("orders", None, None, None, 0, 1000)))
+        views = wire((info(live, "orders", self.q.now), partitions(live, "orders", None, "", None, 100, self.q.now),
+                      dlq(live, "orders", None, None, None, 0, 1000)))
         replayed = self.q.replayed().shards[0].queues
-        assert wire((replayed.queue_info("orders", self.q.now),
-                     replayed.partitions_page("orders", None, "", None, 100, self.q.now),
-                     replayed.dlq_list("orders", None, None, None, 0, 1000))) == views
+        assert wire((info(replayed, "orders", self.q.now),
+                     partitions(replayed, "orders", None, "", None, 100, self.q.now),
+                     dlq(replayed, "orders", None, None, None, 0, 1000))) == views
         copy = State(1, T0)
         for record in rec.decode(self.q.state.snapshot_capture()()["queues"]):
             copy.replay(record)
         restored = copy.shards[0].queues
-        assert wire((restored.queue_info("orders", self.q.now),
-                     restored.partitions_page("orders", None, "", None, 100, self.q.now),
-                     restored.dlq_list("orders", None, None, None, 0, 1000))) == views
+        assert wire((info(restored, "orders", self.q.now),
+                     partitions(restored, "orders", None, "", None, 100, self.q.now),
+                     dlq(restored, "orders", None, None, None, 0, 1000))) == views
 
 
 TestQueueModel = QueueModel.TestCase

@@ -4,10 +4,12 @@ Each test sends its request over a real socket to an in-process server: had an e
 connection, the server's nursery (and so the test) would have failed with it."""
 
 import logging
+from urllib.parse import quote
 
 import cbor2
 import pytest
 import trio
+import trio.testing
 
 from queen.testing import HttpClient, open_server
 
@@ -107,6 +109,91 @@ async def test_both_content_length_and_transfer_encoding_answer_400_and_close(sp
             received += chunk
         assert received.startswith(b"HTTP/1.1 400 ") and b"connection: close" in received
         await stream.aclose()
+        await still_serving(server.port)
+
+
+async def read_all(stream) -> bytes:
+    received = b""
+    while chunk := await stream.receive_some(65536):
+        received += chunk
+    return received
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("head", [
+    b"POST /api/v1/kv HTTP/1.1\nhost: q\ncontent-type: application/json\ncontent-length: %d\n\n",
+    b"POST /api/v1/kv HTTP/1.1\r\nhost: q\r\ncontent-type: application/json\r\ncontent-length: %d\n\r\n",
+    b"POST /api/v1/kv HTTP/1.1\r\nhost: q\r\nx-note: a\r\n b\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n",
+], ids=["bare-lf", "bare-lf-ending-the-head", "obs-fold"])
+async def test_a_bare_lf_or_a_folded_header_answers_400_and_closes_and_runs_nothing(head, split, tmp_path, autojump_clock):
+    body = b'{"operations":[{"op":"put","ns":"app","key":"k","value":1,"forever":true}]}'
+    request = head % len(body) + body
+    async with open_server(tmp_path / "d") as server:
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        if split:  # a piece at a time, each read on its own: the h11 path
+            for piece in (request[:20], request[20:40], request[40:]):
+                await stream.send_all(piece)
+                await trio.testing.wait_all_tasks_blocked()
+        else:  # whole in one read: the plain-request path
+            await stream.send_all(request)
+        received = await read_all(stream)
+        assert received.startswith(b"HTTP/1.1 400 ") and b"bad_http" in received and b"connection: close" in received
+        await stream.aclose()
+        status, got = await HttpClient(server.port).request("GET", "/api/v1/kv/app/k")
+        assert status == 200 and got["found"] is False
+
+
+@pytest.mark.parametrize("chunks", [
+    [b"f" * 20],  # h11 reads chunk sizes of up to 20 hex digits: 2**80 - 1 bytes
+    [b"%x" % ((1 << 20) + 1)],  # the limit and one byte
+    [b"%x" % ((1 << 20) - 10) + b"\r\n" + b"x" * ((1 << 20) - 10), b"%x" % 11],  # a second chunk past the limit
+], ids=["ffff", "one-over", "second-chunk"])
+async def test_a_chunk_announced_past_the_body_limit_answers_413_at_once(chunks, tmp_path, autojump_clock):
+    """Without waiting for the bytes announced (the read timeout would end it with a 408) and
+    however few of them arrive, as an oversized Content-Length is answered."""
+    async with open_server(tmp_path / "d", body_bytes_max=1 << 20) as server:
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        started = trio.current_time()
+        await stream.send_all(b"POST /api/v1/kv HTTP/1.1\r\nhost: q\r\ntransfer-encoding: chunked\r\n\r\n")
+        for chunk in chunks:
+            await stream.send_all(chunk + b"\r\nabc")
+            await trio.testing.wait_all_tasks_blocked()
+        received = b""
+        while b"\r\n\r\n" not in received:  # the answer comes while the client still holds the connection open
+            received += await stream.receive_some(65536)
+        assert received.startswith(b"HTTP/1.1 413 ") and b"body_too_large" in received, received[:300]
+        assert trio.current_time() - started < 1
+        await stream.aclose()
+        await still_serving(server.port)
+
+
+TOO_LONG = "9" * 4400  # past Python's 4,300 digits, int() raises ValueError
+NUMBER_PARAMS = [
+    ("GET", "/api/v1/pop/queue/q?wait=true&timeout={}", "invalid_wait_ms"),  # the Queen MQ client's spelling
+    ("GET", "/api/v1/pop/queue/q?waitMs={}", "invalid_wait_ms"),
+    ("GET", "/api/v1/pop/queue/q?batch={}", "invalid_batch"),
+    ("GET", "/api/v1/pop/queue/q/partition/p?partitions={}", "invalid_partitions"),
+    ("GET", "/api/v1/kv/app?limit={}", "invalid_limit"),
+    ("DELETE", "/api/v1/kv/app/k?expect={}", "invalid_expect"),
+    ("GET", "/api/v1/locks?limit={}", "invalid_limit"),
+    ("GET", "/api/v1/timers?queue=q&limit={}", "invalid_limit"),
+    ("GET", "/api/v1/timers/q?limit={}", "invalid_limit"),
+    ("GET", "/api/v1/dlq?queue=q&offset={}", "invalid_offset"),
+    ("GET", "/api/v1/dlq?queue=q&limit={}", "invalid_limit"),
+    ("GET", "/api/v1/resources/queues?limit={}", "invalid_limit"),
+    ("GET", "/api/v1/resources/queues/q/partitions?limit={}", "invalid_limit"),
+    ("POST", "/api/v1/lease/{}/release", "invalid_lease_id"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "code"), NUMBER_PARAMS, ids=[path for _, path, _ in NUMBER_PARAMS])
+async def test_a_number_of_thousands_of_digits_in_a_query_or_path_answers_400_with_its_code(
+        method, path, code, tmp_path, autojump_clock):
+    async with open_server(tmp_path / "d") as server:
+        client = HttpClient(server.port)
+        for digits in (TOO_LONG, "1" + "0" * 19, "12a", "-1", "+1", "\u0661"):  # "\u0661": Arabic-Indic 1, isdigit()
+            status, body = await client.request(method, path.format(quote(digits)))
+            assert status == 400 and body["error"]["code"] == code, (digits[:30], status, body)
         await still_serving(server.port)
 
 

@@ -14,7 +14,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from queen.core.kv import parse_kv_op
 from queen.core.limits import Limits
 from queen.core.locks import parse_lock_op
-from queen.core.state import Ops, State, Tick, Transaction, shard_of
+from queen.core.placement import shard_of
+from queen.core.state import Ops, State, Tick, Transaction
 from queen.runtime.steps import Call, StepRunner
 
 T0 = 1_700_000_000_000

@@ -27,7 +27,7 @@ from queen.core.locks import parse_lock_ops
 from queen.errors import CorruptLog, UnreadableFormat
 from queen.runtime.server import Server
 from queen.wal.frame import FILE_HEADER, FORMAT_VERSION, FRAME_HEADER, decode_frame, encode_frame
-from queen.wal.recovery import list_dir, segment_name
+from queen.wal.recovery import CEILING_BLOCK, list_dir, segment_name
 from queen.wal.snapshot import SNAPSHOT_HEADER, decode_snapshot, snapshot_name
 
 LIMITS = Limits()
@@ -379,6 +379,35 @@ async def test_a_flipped_bit_in_the_last_whole_frame_is_quarantined_loudly_and_i
         second = await acquire(server, "b")  # the grant is gone with its frame...
         assert second["acquired"]
         assert second["fence"] > first["fence"] and second["token"] > first["token"]  # ...its fence is not reused
+
+
+@pytest.mark.parametrize("bit", [53, 55, 61])
+async def test_a_flipped_high_bit_in_the_last_frames_claimed_version_is_not_believed(
+        bit, tmp_path, serve, caplog, mock_clock):
+    # Believed, it would move every later version, token, fence and id past 2^53 for good, where
+    # JSON clients read them inexactly.
+    data_dir = tmp_path / "data"
+    async with serve(data_dir, shard_count=1) as server:
+        await write_frames(server, 3)
+        first = await acquire(server, "a")  # the last frame: its one version is the grant's token
+    path = segment_path(data_dir, 1)
+    start, _ = frame_spans(path)[-1]
+    last_version_at = start + FRAME_HEADER.size - 12  # u64 last_version, then u32 item_count
+    with open(path, "r+b") as f:
+        f.seek(last_version_at + bit // 8)
+        byte = f.read(1)[0]
+        f.seek(last_version_at + bit // 8)
+        f.write(bytes([byte ^ (1 << bit % 8)]))
+    claimed = first["token"] ^ (1 << bit)
+
+    caplog.set_level(logging.INFO)
+    async with serve(data_dir) as server:
+        [error] = [r for r in caplog.records if "event=wal_frame_damaged" in r.getMessage()]
+        assert error.levelno == logging.ERROR
+        assert f"claims_not_believed={first['token']}..{claimed} " in error.getMessage()
+        second = await acquire(server, "b")
+        assert first["token"] < second["token"] < first["token"] + 2 * CEILING_BLOCK
+        assert second["fence"] > first["fence"]
 
 
 async def test_a_missing_newest_segment_is_noticed_through_the_record_that_closed_the_one_before(

@@ -1,0 +1,104 @@
+"""What every client command shares: the exit statuses, the options every one takes, reading a
+value, printing for people and for scripts, and running a handler with the SDK's errors turned
+into exit statuses.
+
+Exit status, the same for every command (sysexits.h where one fits):
+  0   it did what was asked (found, applied, acquired, renewed, released; run-locked: CMD's status)
+  1   the server answered no (not found, not applied, lost, absent; nothing to pop, not acked)
+  2   usage error
+  65  the server rejected the request (400: a limit, a malformed value)
+  69  the server could not be reached, or answered 503
+  75  the lock is held by somebody else (lock acquire, run-locked): try later
+
+The SDK is imported when a client command runs, never when the parser is built, so `queen serve`
+does not load it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+
+EXIT_OK = 0
+EXIT_NO = 1
+EXIT_USAGE = 2
+EXIT_REJECTED = 65
+EXIT_UNAVAILABLE = 69
+EXIT_HELD = 75
+
+
+def parents() -> dict[str, argparse.ArgumentParser]:
+    """Option groups that client commands share: `client` (every one), `lifetime` (KV writes)."""
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument("--url", default=None, metavar="URL",
+                        help="the broker [env QUEEN_URL] (default: http://127.0.0.1:6632)")
+    client.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS", help="per request (default: 10)")
+    client.add_argument("--json", action="store_true", help="print the answer as JSON instead of for people")
+    lifetime = argparse.ArgumentParser(add_help=False)
+    choice = lifetime.add_mutually_exclusive_group(required=True)
+    choice.add_argument("--ttl", metavar="DURATION", help="lifetime of the write: 30s, 5m, 2h, 7d or seconds")
+    choice.add_argument("--forever", action="store_true", help="the write never expires")
+    return {"client": client, "lifetime": lifetime}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command's handler on Trio; the SDK's errors become exit statuses."""
+    import anyio
+
+    from queen.client.errors import BadRequestError, ClientError
+
+    try:
+        return anyio.run(args.handler, args, backend="trio")
+    except (ValueError, TypeError) as error:
+        print(f"queen: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except BadRequestError as error:
+        print(f"queen: rejected: {error.code}: {error.message}", file=sys.stderr)
+        return EXIT_REJECTED
+    except ClientError as error:  # unreachable, 503, or an answer we could not use
+        print(f"queen: {error}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+
+
+def open_client(args):
+    """The SDK's client for this command's --url and --timeout (use it with `async with`)."""
+    from queen.client import Client
+
+    return Client(args.url, timeout_s=args.timeout)
+
+
+def print_json(document) -> None:
+    print(json.dumps(document, ensure_ascii=False), flush=True)
+
+
+def say_no(text: str) -> None:
+    """Why the command answers no (exit 1 or 75), on stderr."""
+    print(f"queen: {text}", file=sys.stderr)
+
+
+def iso(ms: int | None) -> str:
+    if ms is None:
+        return "never"
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def now_ms() -> int:
+    return int(datetime.now(UTC).timestamp() * 1000)
+
+
+def show_value(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def read_value(args):
+    """The command's VALUE: JSON, or any other text as a string (as a shell user means it); `-`
+    reads stdin; --string takes it as a string whatever it is."""
+    raw = sys.stdin.read() if args.value == "-" else args.value
+    if args.string:
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw

@@ -1,0 +1,108 @@
+"""`queen serve`: the broker. Settings resolve once, here: flags over QUEEN_* variables over the
+defaults (queen/config.py), then the server runs until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import gc
+import logging
+import os
+import signal
+import sys
+
+from queen.config import Config, config_fields, validate
+from queen.errors import CorruptLog, RefusedToStart, VersionsExhausted
+
+logger = logging.getLogger("queen")
+
+
+def env_name(field_name: str) -> str:
+    return "QUEEN_" + field_name.upper()
+
+
+def add_parser(commands) -> None:
+    serve = commands.add_parser(
+        "serve", help="run the broker",
+        description="Run the broker. Every setting can also come from the QUEEN_* variable named "
+                    "beside it; a flag wins over the variable, the variable over the default.")
+    for name, kind, default, help_text, metavar in config_fields():
+        serve.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar=metavar,
+                           type={"int": int, "float": float}.get(kind, str),
+                           help=f"{help_text} [env {env_name(name)}] (default: {default})")
+    serve.set_defaults(run=lambda args: serve_broker(resolve_config(args)))
+
+
+def resolve_config(args: argparse.Namespace, environ=os.environ) -> Config:
+    values = {}
+    for name, kind, _, _, _ in config_fields():
+        value = getattr(args, name, None)
+        if value is None and env_name(name) in environ:
+            raw = environ[env_name(name)]
+            try:
+                value = {"int": int, "float": float}.get(kind, str)(raw)
+            except ValueError:
+                raise SystemExit(f"queen: {env_name(name)}={raw!r} is not a valid {kind}") from None
+        if value is not None:
+            values[name] = value
+    return Config(**values)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(stream=sys.stderr, level=level.upper(),
+                        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+
+
+def serve_broker(config: Config) -> int:
+    problems = validate(config)
+    if problems:
+        for problem in problems:
+            print(f"queen: {problem}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level)
+    import trio
+
+    from queen.runtime.server import DataDirBusy, Server
+
+    # Everything imported so far lives as long as the process: out of the cyclic GC's sight, a
+    # full collection walks only what the server builds, not the modules under it.
+    gc.freeze()
+    server = Server(config)
+
+    async def watch_signals():
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                logger.info("event=signal signal=%s", signal.Signals(signum).name)
+                server.request_shutdown()
+
+    async def main_task():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_signals)
+            await server.run()
+            nursery.cancel_scope.cancel()
+
+    failure = None
+    try:
+        trio.run(main_task)
+    except* (DataDirBusy, RefusedToStart, OSError) as group:  # raised inside nurseries, so grouped
+        failure = _first_leaf(group)
+    if failure is None:
+        return 0
+    if isinstance(failure, CorruptLog):
+        logger.error("event=start_failed reason=corrupt_log detail=%r action=refusing_to_start "
+                     "hint='inspect or move the named file; starting would drop acknowledged writes'", str(failure))
+    elif isinstance(failure, VersionsExhausted):
+        logger.error("event=start_failed reason=versions_exhausted detail=%r action=refusing_to_start", str(failure))
+    elif isinstance(failure, RefusedToStart):
+        logger.error("event=start_failed reason=unreadable_format detail=%r action=refusing_to_start", str(failure))
+    elif isinstance(failure, OSError) and failure.errno == errno.EADDRINUSE:
+        logger.error("event=start_failed reason=address_in_use host=%s port=%d", config.host, config.port)
+    else:
+        logger.error("event=start_failed reason=%r", str(failure))
+    return 1
+
+
+def _first_leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error

@@ -1,0 +1,133 @@
+"""`queen timer schedule|cancel|get|list`: timers from the shell, through the SDK's `client.timers`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from queen.cli.output import (
+    EXIT_NO,
+    EXIT_OK,
+    iso,
+    open_client,
+    print_json,
+    read_value,
+    say_no,
+    show_value,
+)
+
+HORIZON_S = 365 * 86_400  # the server takes a timer at most this far ahead
+
+
+def add_parser(commands, parents: dict) -> None:
+    client = parents["client"]
+    timer = commands.add_parser("timer", help="schedule, cancel and inspect timers (messages into a queue later)",
+                                description="A timer is named by QUEUE and KEY; when due, its value is appended to "
+                                            "the queue's partition as a message, exactly once, never early. "
+                                            "Scheduling a KEY again moves it. Exit status: 0 done, 1 not found / "
+                                            "not pending / not scheduled, 2 usage, 65 rejected, 69 unreachable.")
+    actions = timer.add_subparsers(dest="action", metavar="ACTION", required=True)
+    schedule = actions.add_parser("schedule", parents=[client], help="schedule (or move) a timer")
+    schedule.add_argument("queue")
+    schedule.add_argument("key")
+    schedule.add_argument("value", help="the message's payload: JSON, or any other text as a string; - reads stdin")
+    when = schedule.add_mutually_exclusive_group(required=True)
+    when.add_argument("--in", dest="delay", metavar="DURATION", help="fire this long from now: 30s, 15m, 2h, 7d")
+    when.add_argument("--at", metavar="TIME", help="fire at this time: ISO 8601 (2026-12-01T09:00:00Z) or ms since "
+                                                   "the epoch; at most 365 days ahead")
+    schedule.add_argument("--partition", help='default "Default"')
+    schedule.add_argument("--transaction-id", help="the message's transactionId (deduplicated in its partition)")
+    schedule.add_argument("--string", action="store_true", help="take VALUE as a string even if it parses as JSON")
+    schedule.set_defaults(handler=timer_schedule)
+    for action, handler, helptext in (
+            ("cancel", timer_cancel, "cancel a pending timer (exit 1 if none was pending: it may have fired)"),
+            ("get", timer_get, "show a pending timer, payload included")):
+        sub = actions.add_parser(action, parents=[client], help=helptext)
+        sub.add_argument("queue")
+        sub.add_argument("key")
+        sub.set_defaults(handler=handler)
+    listing = actions.add_parser("list", parents=[client], help="a queue's pending timers in key order (--json: one "
+                                 "object a line)")
+    listing.add_argument("queue")
+    listing.add_argument("--prefix", default="")
+    listing.add_argument("--limit", type=int, metavar="N", help="stop after N timers")
+    listing.set_defaults(handler=timer_list)
+
+
+def _at(raw: str):
+    if raw.isdigit():
+        return int(raw)
+    try:
+        moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"--at {raw!r}: give an ISO 8601 time (2026-12-01T09:00:00Z) or ms since the epoch") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"--at {raw!r} has no time zone: add Z or an offset, so the time is the one you mean")
+    return moment
+
+
+def _timer_line(timer) -> str:
+    return (f"{timer.key}\tat {iso(timer.at_ms)}\tpartition {timer.partition}\tversion {timer.version}"
+            + (f"\ttransaction {timer.transaction_id}" if timer.transaction_id else ""))
+
+
+def _timer_json(timer) -> dict:
+    return {"queue": timer.queue, "key": timer.key, "at": timer.at_ms, "partition": timer.partition,
+            "version": timer.version, "scheduledAt": timer.scheduled_at_ms, "transactionId": timer.transaction_id}
+
+
+async def timer_schedule(args) -> int:
+    from queen.client.durations import seconds
+
+    if args.delay is not None and not 0 <= seconds(args.delay, "--in") <= HORIZON_S:
+        raise ValueError(f"--in {args.delay}: a timer fires from now (0s) to at most 365 days ahead (365d)")
+    when = {"at": _at(args.at)} if args.at is not None else {"delay": args.delay}
+    async with open_client(args) as client:
+        result = await client.timers.schedule(args.queue, args.key, read_value(args), partition=args.partition,
+                                              transaction_id=args.transaction_id, **when)
+    if args.json:
+        print_json({"scheduled": result.scheduled, "at": result.at_ms, "version": result.version,
+                    "replaced": result.replaced, "reason": result.reason})
+    elif result.scheduled:
+        print(f"{'moved' if result.replaced else 'scheduled'} {args.queue}/{args.key} at {iso(result.at_ms)} "
+              f"(version {result.version})")
+    else:
+        say_no(f"not scheduled: {result.reason}")
+    return EXIT_OK if result.scheduled else EXIT_NO
+
+
+async def timer_cancel(args) -> int:
+    async with open_client(args) as client:
+        cancelled = await client.timers.cancel(args.queue, args.key)
+    if args.json:
+        print_json({"cancelled": cancelled})
+    elif cancelled:
+        print(f"cancelled {args.queue}/{args.key}")
+    else:
+        say_no(f"{args.queue}/{args.key} is not pending (never scheduled, cancelled, or already fired)")
+    return EXIT_OK if cancelled else EXIT_NO
+
+
+async def timer_get(args) -> int:
+    async with open_client(args) as client:
+        timer = await client.timers.get(args.queue, args.key)
+    if args.json:
+        print_json({"found": False} if timer is None else {"found": True, **_timer_json(timer), "payload": timer.payload})
+    elif timer is not None:
+        print(_timer_line(timer))
+        print(show_value(timer.payload))
+    else:
+        say_no(f"{args.queue}/{args.key} is not pending")
+    return EXIT_OK if timer is not None else EXIT_NO
+
+
+async def timer_list(args) -> int:
+    if args.limit is not None and args.limit < 1:
+        raise ValueError("--limit must be 1 or more")
+    shown = 0
+    async with open_client(args) as client:
+        async for timer in client.timers.list(args.queue, prefix=args.prefix):
+            if args.limit is not None and shown >= args.limit:
+                break
+            print_json(_timer_json(timer)) if args.json else print(_timer_line(timer))
+            shown += 1
+    return EXIT_OK

@@ -1,0 +1,234 @@
+"""Delivery: the live decisions of a pop. Which partitions a group's pop takes (oldest available
+head first, one lease per partition and group), which messages of each (head of line, within the
+batch and byte budgets), and the pops parked until something can be delivered, served first come
+first served after any step that may have made something deliverable.
+
+A mixin of QueueTable (queen/core/queues/table.py), which owns the state and every transition:
+these methods decide, then record a grant through the table's `_apply_grant`, as replay does.
+Split out by verb, as etcd splits its store's methods across files, to keep each file to one idea.
+
+Never: reads a clock, awaits, or knows what a reply_to is.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING
+
+from orjson import Fragment
+
+from queen.core import records as rec
+from queen.core.outcomes import Refusal
+from queen.core.queue_ops import GENERATED_ID_PREFIX, PopOp
+from queen.core.queues.model import Group, GroupState, Partition, PopWaiter, Queue
+from queen.core.queues.packed import available_at, payload_bytes, unpack_message
+from queen.errors import Unavailable
+
+if TYPE_CHECKING:
+    from queen.core.queues.parking import ParkedPops
+
+
+class Delivery:
+    parked: ParkedPops
+    resolved: list
+    dirty: dict
+
+    def pop(self, op: PopOp, now_ms: int, records: list, reply_to=None, position: int = 0) -> dict | None:
+        """The answer, or None when the pop was parked (answered later, in resolved)."""
+        queue = self._queue(op.queue, now_ms, records, create=True)
+        if queue is None:
+            return {"success": False, "reason": "storage_full", "error": "storage_full", "queue": op.queue,
+                    "consumerGroup": op.group, "messages": []}
+        group = self._group(queue, op.group, op.mode, now_ms, records)
+        if type(group) is Refusal:
+            return group
+        answer, reason = self._deliver(queue, group, op, now_ms, records)
+        if answer is not None:
+            return answer
+        if op.wait_ms > 0 and reply_to is not None:
+            self.parked.park(PopWaiter(op, now_ms + op.wait_ms, reply_to, position, now_ms))
+            self._wake_when_available(queue, group, op, now_ms)
+            return None
+        return _nothing(op, reason)
+
+    def _deliver(self, queue: Queue, group: Group, op: PopOp, now_ms: int, records: list) -> tuple[dict | None, str]:
+        limits = self.limits
+        left = op.batch
+        bytes_left = limits.pop_bytes_max
+        taken: list[tuple[Partition, list[int]]] = []
+        if op.partition is not None:
+            partition = queue.partitions.get(op.partition)
+            if partition is None:
+                return None, "empty"
+            state = partition.groups[group.name]
+            if state.lease is not None:
+                if state.lease.expires_at_ms > now_ms:
+                    head = partition.messages.get(state.floor)
+                    held = head is not None and available_at(head) <= now_ms
+                    return None, "lease_held" if held else "empty"
+                self._expire(queue, group, state.lease, now_ms, records)
+            offsets, _ = self._take(partition, state, now_ms, left, bytes_left, not taken)
+            if offsets:
+                taken.append((partition, offsets))
+        else:
+            # A lease that ran out frees its partitions from that moment, tick or not.
+            for lease in [lease for lease in group.leases.values() if lease.expires_at_ms <= now_ms]:
+                self._expire(queue, group, lease, now_ms, records)
+            heap = group.ready
+            while heap and left > 0 and len(taken) < op.partitions:
+                available_at_ms, partition_id = heap[0]
+                partition = queue.by_id.get(partition_id)
+                state = partition.groups.get(group.name) if partition is not None else None
+                if state is None:
+                    heapq.heappop(heap)
+                    continue
+                if state.lease is not None:
+                    if state.lease.expires_at_ms > now_ms:
+                        heapq.heappop(heap)
+                        state.in_heap = False
+                        continue
+                    self._expire(queue, group, state.lease, now_ms, records)
+                head = partition.messages.get(state.floor) if state.floor < partition.next_offset else None
+                if head is None:
+                    heapq.heappop(heap)
+                    state.in_heap = False
+                    continue
+                head_available_at_ms = available_at(head)
+                if head_available_at_ms != available_at_ms:
+                    heapq.heapreplace(heap, (head_available_at_ms, partition_id))
+                    continue
+                if available_at_ms > now_ms:
+                    break  # the oldest head is not available yet: none behind it is either
+                offsets, size = self._take(partition, state, now_ms, left, bytes_left, not taken)
+                if not offsets:
+                    break  # the byte budget is spent
+                heapq.heappop(heap)
+                state.in_heap = False
+                taken.append((partition, offsets))
+                left -= len(offsets)
+                bytes_left -= size
+        if not taken:
+            return None, "empty"
+        lease_id = self.versions.next()
+        expires_at_ms = 0 if op.auto_ack else now_ms + queue.options["leaseTimeSeconds"] * 1000
+        deliveries = [[partition.id, offsets] for partition, offsets in taken]
+        rec.grant(records, lease_id, queue.name, group.name, now_ms, expires_at_ms, op.auto_ack, deliveries)
+        self._apply_grant(queue, group, lease_id, now_ms, expires_at_ms, op.auto_ack, deliveries)
+        messages = []
+        answer_lease = None if op.auto_ack else lease_id
+        for partition, offsets in taken:
+            state = partition.groups[group.name]
+            for offset in offsets:
+                message_id, tid, data, trace_id, created_at_ms, _ = unpack_message(partition.messages[offset])
+                messages.append({"messageId": message_id, "offset": offset,
+                                 "transactionId": tid if tid is not None else f"{GENERATED_ID_PREFIX}{offset}",
+                                 "partition": partition.name, "partitionId": partition.id, "leaseId": answer_lease,
+                                 "consumerGroup": group.name, "data": Fragment(data), "createdAt": created_at_ms,
+                                 "retryCount": state.retries.get(offset, 0), "traceId": trace_id})
+        if op.auto_ack:  # resolved now; the messages were read above, before they could be removed
+            for partition, offsets in taken:
+                retries = partition.groups[group.name].retries
+                for offset in offsets:
+                    retries.pop(offset, None)
+                self._settle(queue, partition, now_ms)
+        first = taken[0][0]
+        return {"success": True, "queue": queue.name, "partition": first.name, "partitionId": first.id,
+                "leaseId": answer_lease, "consumerGroup": group.name, "expiresAt": expires_at_ms or None,
+                "partitionsClaimed": len(taken), "messages": messages}, ""
+
+    def _take(self, partition: Partition, state: GroupState, now_ms: int, count: int, bytes_left: int,
+              first: bool) -> tuple[list[int], int]:
+        """Unresolved, available offsets from the floor up, in order, stopping at the first that is
+        not available (head of line), at count, or before the byte budget is passed (but at least
+        one message in an answer)."""
+        offsets, size = [], 0
+        resolved = state.resolved
+        messages = partition.messages
+        offset, end = state.floor, partition.next_offset
+        while offset < end and len(offsets) < count:
+            if offset in resolved:
+                offset += 1
+                continue
+            message = messages.get(offset)
+            if message is None:  # removed while pinned in another group's DLQ: nothing to deliver
+                offset += 1
+                continue
+            if available_at(message) > now_ms:
+                break
+            message_size = payload_bytes(message)
+            if size + message_size > bytes_left and (offsets or not first):
+                break
+            offsets.append(offset)
+            size += message_size
+            offset += 1
+        return offsets, size
+
+    def _wake_when_available(self, queue: Queue, group: Group, op: PopOp, now_ms: int) -> None:
+        """A parked pop found nothing: if what it waits for is a delayed head, have the tick mark the
+        queue when that head becomes available (nothing else would: no step changes it)."""
+        if op.partition is not None:
+            partition = queue.partitions.get(op.partition)
+            head = partition.messages.get(partition.groups[group.name].floor) if partition is not None else None
+            at_ms = available_at(head) if head is not None else 0
+        else:
+            at_ms = group.ready[0][0] if group.ready else 0
+        if at_ms > now_ms:
+            self.parked.wakes.schedule(queue.name, at_ms)
+
+    def after_step(self, now_ms: int, records: list) -> None:
+        """Serve parked pops of the queues something happened to, oldest first per group."""
+        if not self.dirty:
+            return
+        dirty = list(self.dirty)
+        self.dirty.clear()
+        for name in dirty:
+            self._serve(name, now_ms, records)
+
+    def tick_parked(self, now_ms: int) -> None:
+        """Parked pops whose wait ran out answer "empty" as the timeout; queues whose awaited delayed
+        head became available are served after the step."""
+        for waiter in self.parked.timed_out(now_ms):
+            self.resolved.append((waiter.reply_to, waiter.position, _nothing(waiter.op, "timeout")))
+        for name in self.parked.woken(now_ms):
+            self.dirty[name] = None
+
+    def _serve(self, name: str, now_ms: int, records: list) -> None:
+        groups = self.parked.by_queue.get(name)
+        if not groups:
+            return
+        for group_name in list(groups):
+            waiting = groups[group_name]
+            while waiting:
+                waiter = waiting[0]
+                queue = self._queue(name, now_ms, records, create=True)
+                if queue is None:
+                    break
+                group = self._group(queue, group_name, waiter.op.mode, now_ms, records)
+                if type(group) is Refusal:
+                    break
+                answer, _ = self._deliver(queue, group, waiter.op, now_ms, records)
+                if answer is None:
+                    self._wake_when_available(queue, group, waiter.op, now_ms)
+                    break
+                self.parked.served(waiting, now_ms)
+                self.resolved.append((waiter.reply_to, waiter.position, answer))
+        self.parked.prune(name)
+
+    def abandon(self, reply_to, timed_out: bool = False) -> None:
+        """Answer and forget the parked pops of reply_to: "cancelled" when its client hung up (never
+        hand them anything), or "timeout" as their wait running out would."""
+        for waiter in self.parked.of(reply_to):
+            self.parked.unpark(waiter)
+            self.resolved.append((reply_to, waiter.position, _nothing(waiter.op, "timeout" if timed_out else "cancelled")))
+
+    def drain(self) -> None:
+        """At shutdown: every parked pop is answered shutting_down."""
+        for waiter in self.parked.everyone():
+            self.parked.unpark(waiter)
+            self.resolved.append((waiter.reply_to, waiter.position,
+                                  Refusal(Unavailable("shutting_down", "the server is shutting down"))))
+
+
+def _nothing(op: PopOp, reason: str) -> dict:
+    return {"success": False, "reason": reason, "error": reason, "queue": op.queue, "consumerGroup": op.group,
+            "messages": []}

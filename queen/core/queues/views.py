@@ -1,0 +1,142 @@
+"""The admin reads of one shard's queues, as the HTTP API answers them: queue summaries for the
+listing, one queue's info, a page of its partitions, a page of its DLQ, and the gauges /metrics
+shows. Functions over the model (queen/core/queues/model.py) and the shard's timers; they read and
+never change anything.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import orjson
+from orjson import Fragment
+
+from queen.core.queue_ops import GENERATED_ID_PREFIX
+from queen.core.queues.model import GroupState, Partition, Queue
+from queen.core.queues.packed import unpack_message
+from queen.core.timers import TimerTable
+
+
+def counts(partition: Partition, state: GroupState, now_ms: int) -> tuple[int, int, int]:
+    """(pending, inFlight, dlq) of one group in one partition."""
+    lease = state.lease
+    in_flight = len(lease.held.get(partition.id, ())) if lease is not None and lease.expires_at_ms > now_ms else 0
+    unresolved = state.unresolved(partition.next_offset)
+    return unresolved - in_flight, in_flight, len(state.dlq)
+
+
+def group_counts(queue: Queue, group: str | None, now_ms: int) -> tuple[int, int, int]:
+    """(pending, inFlight, dlq) of one group (None: every group) across the queue's partitions."""
+    pending = in_flight = dlq = 0
+    for partition in queue.partitions.values():
+        states = partition.groups.values() if group is None else (partition.groups[group],)
+        for state in states:
+            p, f, d = counts(partition, state, now_ms)
+            pending += p
+            in_flight += f
+            dlq += d
+    return pending, in_flight, dlq
+
+
+def queue_summaries(queues: dict[str, Queue], timers: TimerTable, prefix: str, after: str | None, limit: int,
+                    now_ms: int) -> list[dict]:
+    """This shard's part of a page of the queue listing: up to limit+1 queues after `after`."""
+    names = sorted(name for name in queues if name.startswith(prefix) and (after is None or name > after))
+    out = []
+    for name in names[:limit + 1]:
+        queue = queues[name]
+        pending, in_flight, dlq = group_counts(queue, None, now_ms)
+        out.append({"queue": name, "createdAt": queue.created_at_ms, "partitions": len(queue.partitions),
+                    "messages": queue.messages, "pending": pending, "inFlight": in_flight, "dlq": dlq,
+                    "timers": len(timers.pending.get(name, ())), "groups": sorted(queue.groups)})
+    return out
+
+
+def queue_info(queues: dict[str, Queue], timers: TimerTable, name: str, now_ms: int) -> dict:
+    queue = queues.get(name)
+    if queue is None:
+        return {"found": False, "queue": name}
+    groups = []
+    for group in queue.groups.values():
+        pending, in_flight, dlq = group_counts(queue, group.name, now_ms)
+        leases = sum(1 for lease in group.leases.values() if lease.expires_at_ms > now_ms and lease.held)
+        groups.append({"consumerGroup": group.name, "subscriptionMode": group.mode, "joinedAt": group.joined_at_ms,
+                       "pending": pending, "inFlight": in_flight, "dlq": dlq, "leases": leases})
+    return {"found": True, "queue": name, "createdAt": queue.created_at_ms, "options": dict(queue.options),
+            "partitions": len(queue.partitions), "messages": queue.messages, "bytes": queue.bytes,
+            "timers": timers.summary(name), "groups": groups}
+
+
+def partitions_page(queues: dict[str, Queue], name: str, group: str | None, prefix: str, after: str | None,
+                    limit: int, now_ms: int) -> dict:
+    queue = queues.get(name)
+    if queue is None:
+        return {"items": [], "after": None}
+    names = sorted(n for n in queue.partitions if n.startswith(prefix) and (after is None or n > after))
+    items = []
+    for partition_name in names[:limit]:
+        partition = queue.partitions[partition_name]
+        groups = []
+        for group_name, state in partition.groups.items():
+            if group is not None and group_name != group:
+                continue
+            pending, in_flight, dlq = counts(partition, state, now_ms)
+            lease = state.lease
+            live = lease is not None and lease.expires_at_ms > now_ms
+            groups.append({"consumerGroup": group_name, "ackFloor": state.floor, "pending": pending,
+                           "inFlight": in_flight, "dlq": dlq,
+                           "lease": {"leaseId": lease.lease_id, "acquiredAt": lease.acquired_at_ms,
+                                     "expiresAt": lease.expires_at_ms} if live else None})
+        items.append({"partition": partition.name, "partitionId": partition.id, "createdAt": partition.created_at_ms,
+                      "firstOffset": partition.first_offset(), "nextOffset": partition.next_offset,
+                      "messages": len(partition.messages), "groups": groups})
+    return {"items": items, "after": names[limit - 1] if len(names) > limit else None}
+
+
+def dlq_page(queues: dict[str, Queue], name: str, group: str | None, partition_name: str | None,
+             cursor: tuple | None, skip: int, limit: int) -> dict:
+    """A page of the queue's DLQ entries, oldest first (then partition, offset, group)."""
+    queue = queues.get(name)
+    entries = []
+    if queue is not None:
+        for partition in queue.partitions.values():
+            if partition_name is not None and partition.name != partition_name:
+                continue
+            for group_name, state in partition.groups.items():
+                if group is not None and group_name != group:
+                    continue
+                for offset, (error, at_ms) in state.dlq.items():
+                    entries.append((at_ms, partition.id, offset, group_name, partition, error, state))
+    entries.sort(key=lambda e: e[:4])
+    total = len(entries)
+    if cursor is not None:
+        entries = [e for e in entries if tuple(e[:4]) > cursor]
+    entries = entries[skip:]
+    page = entries[:limit]
+    messages = []
+    for at_ms, partition_id, offset, group_name, partition, error, state in page:
+        packed = partition.messages.get(offset)
+        message_id, tid, data, _, created_at_ms, _ = unpack_message(packed) if packed else (None,) * 6
+        messages.append({"queue": name, "partition": partition.name, "partitionId": partition_id,
+                         "consumerGroup": group_name, "messageId": message_id, "offset": offset,
+                         "transactionId": tid if tid is not None else f"{GENERATED_ID_PREFIX}{offset}",
+                         "data": Fragment(data) if packed else None, "createdAt": created_at_ms,
+                         "retryCount": state.retries.get(offset, 0), "error": error, "dlqAt": at_ms})
+    next_cursor = _encode_dlq_cursor(page[-1][:4]) if len(entries) > limit else None
+    return {"messages": messages, "total": total, "cursor": next_cursor}
+
+
+def gauges(queues: dict[str, Queue], now_ms: int) -> list[tuple[str, str, str, int]]:
+    """(queue, group, what, value) gauges: messages (group ""), pending, in_flight, dlq."""
+    out = []
+    for queue in queues.values():
+        out.append((queue.name, "", "messages", queue.messages))
+        for group in queue.groups.values():
+            pending, in_flight, dlq = group_counts(queue, group.name, now_ms)
+            out += [(queue.name, group.name, "pending", pending), (queue.name, group.name, "in_flight", in_flight),
+                    (queue.name, group.name, "dlq", dlq)]
+    return out
+
+
+def _encode_dlq_cursor(key: tuple) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(list(key))).decode().rstrip("=")

@@ -1,0 +1,51 @@
+"""The blocking client is the async one, call for call: every public call of an async handle has
+a twin of the same name and parameters on its Sync handle, so a call written once in the async
+client cannot be missing or drift in the SyncClient. The few differences are listed with why."""
+
+import inspect
+
+import pytest
+
+from queen.client.client import Client
+from queen.client.kv import Kv
+from queen.client.locks import Lock, Locks
+from queen.client.queues import Queue
+from queen.client.sync import (
+    SyncClient,
+    SyncKv,
+    SyncLock,
+    SyncLocks,
+    SyncQueue,
+    SyncTimers,
+    SyncTransaction,
+)
+from queen.client.timers import Timers
+from queen.client.txn import Transaction
+
+PAIRS = [(Client, SyncClient), (Kv, SyncKv), (Locks, SyncLocks), (Lock, SyncLock), (Queue, SyncQueue),
+         (Timers, SyncTimers), (Transaction, SyncTransaction)]
+# async call -> why its blocking twin differs or is absent
+DIFFERENT = {
+    (Client, "aclose"): "the blocking client closes with close(), as files and sockets do",
+    (Lock, "wait_lost"): "a blocking wait cannot be cancelled from outside, so it takes a timeout",
+    (Queue, "deliveries"): "the async generator that the blocking consume() and process() drive",
+}
+
+
+def parameters(fn) -> list[tuple]:
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+@pytest.mark.parametrize("async_cls, sync_cls", PAIRS, ids=lambda cls: cls.__name__)
+def test_every_public_call_has_a_blocking_twin_with_the_same_parameters(async_cls, sync_cls):
+    for name, member in inspect.getmembers(async_cls):
+        if name.startswith("_") or not callable(member) or (async_cls, name) in DIFFERENT:
+            continue
+        twin = getattr(sync_cls, name, None)
+        assert callable(twin), f"{sync_cls.__name__}.{name} is missing"
+        assert parameters(twin) == parameters(member), f"{sync_cls.__name__}.{name} differs from {async_cls.__name__}'s"
+
+
+def test_the_listed_differences_still_exist():
+    for async_cls, name in DIFFERENT:
+        assert callable(getattr(async_cls, name)), (async_cls, name)
