@@ -18,7 +18,8 @@ import sys
 import trio
 
 from queen.config import Config
-from queen.http.connection import HttpServer, Response, open_listeners
+from queen.http.connection import HttpServer, open_listeners
+from queen.http.wire import Response
 
 BODY = b'{"results":[{"applied":true,"version":1,"index":0,"op":"put"}]}'
 

@@ -23,6 +23,7 @@ from sortedcontainers import SortedList
 from queen.core import names
 from queen.core import records as rec
 from queen.core.limits import INT64_MAX, INT64_MIN, Limits
+from queen.core.outcomes import KvReason
 from queen.core.values import json_default
 from queen.core.wheel import TimingWheel
 from queen.errors import BadRequest
@@ -343,8 +344,8 @@ def _missed(reason: str, row: Row | None) -> dict:
 
 def _check_reason(row: Row | None, expect: int) -> str:
     if row is None:
-        return "absent"
-    return "exists" if expect == 0 else "version"
+        return KvReason.ABSENT
+    return KvReason.EXISTS if expect == 0 else KvReason.VERSION
 
 
 class KvState:
@@ -438,9 +439,9 @@ class KvState:
                         "value": row.value if row is not None else None}
             return None
         if name == "putIfAbsent":
-            return _missed("exists", row) if row is not None else None
+            return _missed(KvReason.EXISTS, row) if row is not None else None
         if op.expect is not None and (row.version if row is not None else 0) != op.expect:
-            return _missed("version", row)
+            return _missed(KvReason.VERSION, row)
         if name == "incr":
             return self._incr_miss(op, row)
         return None
@@ -507,34 +508,34 @@ class KvState:
         row = self.live_row(op.ns, op.key, now_ms)
         if op.op == "putIfAbsent":
             if row is not None:
-                return _missed("exists", row)
+                return _missed(KvReason.EXISTS, row)
         elif op.expect is not None and (row.version if row is not None else 0) != op.expect:
-            return _missed("version", row)
+            return _missed(KvReason.VERSION, row)
         new = self.write(op.ns, op.key, op.value, op.ttl_ms, row, now_ms, records)
         return {"applied": True, "version": new.version}
 
     def _delete(self, op, now_ms, records):
         row = self.live_row(op.ns, op.key, now_ms)
         if row is None:
-            return {"applied": False, "reason": "absent"}
+            return {"applied": False, "reason": KvReason.ABSENT}
         if op.expect is not None and row.version != op.expect:
-            return _missed("version", row)
+            return _missed(KvReason.VERSION, row)
         return {"applied": True, "version": self.delete(op.ns, op.key, records)}
 
     def _incr_miss(self, op, row) -> dict | None:
         current = row.value if row is not None else 0
         if type(current) is not int:
-            return _missed("not_integer", row)
+            return _missed(KvReason.NOT_INTEGER, row)
         value = current + op.by
         if ((op.max is not None and value > op.max) or (op.min is not None and value < op.min)
                 or not INT64_MIN <= value <= INT64_MAX):
-            return {"applied": False, "reason": "limit", "value": current, "version": row.version if row else 0}
+            return {"applied": False, "reason": KvReason.LIMIT, "value": current, "version": row.version if row else 0}
         return None
 
     def _incr(self, op, now_ms, records):
         row = self.live_row(op.ns, op.key, now_ms)
         if op.expect is not None and (row.version if row is not None else 0) != op.expect:
-            return _missed("version", row)
+            return _missed(KvReason.VERSION, row)
         miss = self._incr_miss(op, row)
         if miss is not None:
             return miss

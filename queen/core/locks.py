@@ -23,6 +23,7 @@ from collections import deque
 from queen.core import names
 from queen.core.kv import LOCKS_NS, KvState, Row, check_fields, fail, integer
 from queen.core.limits import INT64_MAX, Limits
+from queen.core.outcomes import LockReason
 from queen.core.wheel import TimingWheel
 from queen.errors import BadRequest
 
@@ -194,7 +195,7 @@ class LockTable:
                     return self._granted(name, 0, key, kv.write(LOCKS_NS, key, owner, op.ttl_ms, None, now_ms, records))
             elif owner is not None and row.value == owner:
                 return self._granted(name, 0, key, row, already=True)
-            return {"name": name, "acquired": False, "reason": "held",
+            return {"name": name, "acquired": False, "reason": LockReason.HELD,
                     "holders": [] if row is None else [holder(0, row)]}
         keys = [f"{name}#{slot}" for slot in range(op.limit)]
         live_row = kv.live_row
@@ -208,7 +209,7 @@ class LockTable:
                 if row is None:
                     row = kv.write(LOCKS_NS, keys[slot], owner, op.ttl_ms, None, now_ms, records)
                     return self._granted(name, slot, keys[slot], row)
-        return {"name": name, "acquired": False, "reason": "held",
+        return {"name": name, "acquired": False, "reason": LockReason.HELD,
                 "holders": [holder(slot, row) for slot, row in enumerate(rows) if row is not None]}
 
     @staticmethod
@@ -243,7 +244,7 @@ class LockTable:
                     self._time_out(waiter, now_ms)
                 else:
                     self.resolved.append((reply_to, waiter.position, {"name": name, "acquired": False,
-                                                                      "reason": "cancelled"}))
+                                                                      "reason": LockReason.CANCELLED}))
             if not queue:
                 del self.waiters[name]
 
@@ -272,7 +273,7 @@ class LockTable:
     def _time_out(self, waiter: Waiter, now_ms: int) -> None:
         op = waiter.op
         rows = self._rows(op.name, op.limit, now_ms)
-        result = {"name": op.name, "acquired": False, "reason": "timeout",
+        result = {"name": op.name, "acquired": False, "reason": LockReason.TIMEOUT,
                   "holders": [holder(slot, row) for slot, row in enumerate(rows) if row is not None]}
         self.resolved.append((waiter.reply_to, waiter.position, result))
 
@@ -330,7 +331,7 @@ class LockTable:
         key = permit_key(op.name, slot)
         row = kv.live_row(LOCKS_NS, key, now_ms)
         if not self._holds(op, row):
-            return {"name": op.name, "renewed": False, "reason": "lost"}
+            return {"name": op.name, "renewed": False, "reason": LockReason.LOST}
         row = kv.write(LOCKS_NS, key, row.value, op.ttl_ms, row, now_ms, records)
         return {"name": op.name, "renewed": True, "slot": slot, "token": row.version, "fence": row.create_version,
                 "expiresAt": row.expires_at_ms, "guard": guard(key, row.version)}
@@ -340,9 +341,9 @@ class LockTable:
         key = permit_key(op.name, self._slot_of(op, now_ms))
         row = kv.live_row(LOCKS_NS, key, now_ms)
         if row is None:
-            return {"name": op.name, "released": False, "reason": "absent"}
+            return {"name": op.name, "released": False, "reason": LockReason.ABSENT}
         if not self._holds(op, row):
-            return {"name": op.name, "released": False, "reason": "lost"}
+            return {"name": op.name, "released": False, "reason": LockReason.LOST}
         kv.delete(LOCKS_NS, key, records)
         if op.name in self.waiters:
             self.serve(op.name, now_ms, records)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import struct
+from dataclasses import dataclass
 from itertools import islice
 from typing import Protocol
 
@@ -36,6 +37,7 @@ from orjson import Fragment
 from queen.core import records as rec
 from queen.core.kv import VersionCounter
 from queen.core.limits import Limits
+from queen.core.outcomes import QueueReason
 from queen.core.packing import int_array, read_int_array
 from queen.core.queue_ops import PushItem
 from queen.core.timer_ops import TimerList, TimerOp
@@ -95,6 +97,15 @@ def _payload_bytes(packed: bytes) -> int:
     return len(packed) - _HEAD.size - name_length - max(tid_length, 0) - max(trace_length, 0)
 
 
+@dataclass(frozen=True, slots=True)
+class TimerStatistics:
+    pending: int
+    fired: int
+    fire_duplicates: int  # fires that appended nothing: their producer id was known in the partition
+    late_ms_total: int
+    late_ms_max: int
+
+
 class TimerStats:
     __slots__ = ("scheduled", "cancelled", "fired", "fire_duplicates", "late_ms_total", "late_ms_max")
 
@@ -131,6 +142,10 @@ class TimerTable:
         self.count = 0
         self.stats = TimerStats()
 
+    def statistics(self) -> TimerStatistics:
+        stats = self.stats
+        return TimerStatistics(self.count, stats.fired, stats.fire_duplicates, stats.late_ms_total, stats.late_ms_max)
+
     # ------------------------------------------------------------------------------------------
     # Operations.
 
@@ -155,17 +170,17 @@ class TimerTable:
         exists = self.sink.has_queue(op.queue)
         if growth is None:
             if not exists and shared.queues >= limits.queues_max:
-                return "storage_full"
+                return QueueReason.STORAGE_FULL
         elif not growth.new_queue(shared, limits, op.queue, exists):
-            return "storage_full"
+            return QueueReason.STORAGE_FULL
         old = self.pending.get(op.queue, {}).get(op.key)
         extra_timers = growth.timers if growth is not None else 0
         extra_bytes = growth.bytes if growth is not None else 0
         if old is None and shared.timers + extra_timers >= limits.timers_max:
-            return "storage_full"
+            return QueueReason.STORAGE_FULL
         grows = len(op.payload) - (_payload_bytes(old) if old is not None else 0)
         if shared.bytes + extra_bytes + grows > limits.queue_bytes_max:
-            return "storage_full"
+            return QueueReason.STORAGE_FULL
         if growth is not None:
             growth.timers += old is None
             growth.bytes += max(grows, 0)
@@ -198,7 +213,7 @@ class TimerTable:
     def cancel(self, queue: str, key: str, records: list) -> dict:
         packed = self.pending.get(queue, {}).get(key)
         if packed is None:  # never scheduled, cancelled before, or already fired
-            return {"cancelled": False, "reason": "absent"}
+            return {"cancelled": False, "reason": QueueReason.ABSENT}
         rec.timer_cancel(records, self.versions.next(), queue, key)
         self._apply_remove(queue, key)
         self.stats.cancelled += 1

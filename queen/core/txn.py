@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from queen.core.kv import KvOp, KvState, parse_kv_ops
 from queen.core.limits import Limits
+from queen.core.outcomes import QueueReason, TxnReason
 from queen.core.queue_ops import AckItem, PushItem, parse_acks, parse_push
 from queen.core.queues import Growth
 from queen.core.timer_ops import TimerOp, parse_timer_ops
@@ -137,7 +138,7 @@ def _first_miss(txn: TransactionOps, kv_states, ack_tables, push_tables, timer_t
         miss = state.precheck(op, now_ms)
         if miss is not None:
             current = miss.get("current") or {"value": miss.get("value"), "version": miss.get("version", 0)}
-            return {"top": "kv_precondition", "section": "kv", "index": index, "op": op.op, "ns": op.ns, "key": op.key,
+            return {"top": TxnReason.KV_PRECONDITION, "section": "kv", "index": index, "op": op.op, "ns": op.ns, "key": op.key,
                     "reason": miss["reason"], "current": current}
     for index, (item, table) in enumerate(zip(txn.ack, ack_tables, strict=True)):
         miss = table.check_ack(item, now_ms, in_transaction=True)
@@ -147,7 +148,7 @@ def _first_miss(txn: TransactionOps, kv_states, ack_tables, push_tables, timer_t
                     "partitionId": item.partition_id, "leaseId": item.lease_id, "current": current}
     for index, (lease_id, live) in enumerate(zip(txn.required_leases, lease_checks, strict=True)):
         if not live:
-            return {"top": "lease_lost", "section": "requiredLeases", "index": index, "reason": "lease_lost",
+            return {"top": QueueReason.LEASE_LOST, "section": "requiredLeases", "index": index, "reason": QueueReason.LEASE_LOST,
                     "leaseId": lease_id}
     growth = Growth()
     for index, (item, table) in enumerate(zip(txn.push, push_tables, strict=True)):

@@ -29,11 +29,6 @@ keep-alive, and the counts that shutdown waits on.
   `wait_gone` (queen/runtime/router.py, `_wait_or_abandon`); it returns when this layer needs
   the connection back, and the router withdraws the parked operations as it does for a client
   that hung up, answering them "timeout".
-- Framing the HTTP/1.1 grammar leaves open is refused, not guessed at: a request with both
-  Content-Length and Transfer-Encoding, a head line ended by a bare LF or continued on the next
-  line (obs-fold, RFC 9112 sections 2.2 and 5.2 allow refusing both; h11 would accept them), and
-  a chunk announced larger than the body limit (answered 413 at once, as an oversized
-  Content-Length is, instead of waiting for bytes that would be refused anyway).
 - Deadlines are kept by one reaper task that looks at every connection every REAPER_INTERVAL_S,
   rather than a cancel scope per read and write: a connection idle past idle_timeout_s is closed,
   a request that does not arrive whole within request_read_timeout_s is answered 408, and an
@@ -44,32 +39,40 @@ wait_readable and then takes what is there in one recv, a write sends at once an
 writability only when the kernel's buffer is full. trio's stream wrappers cost about as much
 again per request (bench/README.md, "HTTP layer").
 
-Requests: a whole request of the plain shape nearly every client sends (one read, CRLF, ASCII
-headers, a Content-Length body) is parsed by `parse_simple_request`, a strict subset of what h11
-accepts that yields the same request; h11 costs several times more per request. Everything else (a
-request split across reads, chunked bodies, 100-continue, obsolete syntax, anything malformed)
-goes to h11, which also decides every error. Responses are written here as bytes: ours are a status
-line and a few headers the server itself chose. Without h11 knowing about the response its state
-machine cannot start a next cycle, so a request h11 reads gets a fresh h11.Connection, seeded with
-whatever the client already sent.
+Requests are parsed by queen/http/wire.py (no sockets there): the plain shape by its fast parser,
+everything else through h11. Without h11 knowing about the response its state machine cannot
+start a next cycle, so a request h11 reads gets a fresh h11.Connection, seeded with whatever the
+client already sent.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-import re
 import resource
 import socket
+from dataclasses import dataclass
 from functools import partial
-from http import HTTPStatus
 
 import h11
 import trio
 
 from queen.config import Config
 from queen.errors import QueenError
-from queen.http.codec import encode_body
+from queen.http.wire import (
+    INTERNAL,
+    INTERNAL_BODY,
+    Head,
+    HeadLines,
+    PendingBytes,
+    Reject,
+    Request,
+    Response,
+    chunk_bytes_owed,
+    encode_response,
+    error_response,
+    parse_simple_request,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -85,63 +88,10 @@ REFUSING_MAX = 16
 REAPER_INTERVAL_S = 0.25
 LISTEN_BACKLOG = 1024
 
-_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _NEVER = float("inf")
 
 # What a connection is doing, for the reaper: what its deadline means.
 IDLE, READING, HANDLING, WRITING = range(4)
-
-
-class Request:
-    __slots__ = ("method", "target", "content_type", "accept", "body", "keep_alive", "wait_gone", "answer_now")
-
-    def __init__(self, method: bytes, target: bytes, content_type: bytes, accept: bytes, body: bytes,
-                 keep_alive: bool = True):
-        self.method = method
-        self.target = target
-        self.content_type = content_type
-        self.accept = accept
-        self.body = body
-        self.keep_alive = keep_alive
-        self.wait_gone = None  # async () -> None, returns when the client hangs up (set per connection)
-        # async () -> None, returns when the server needs the connection back for a new client: a
-        # call parked on it is then answered as if its wait ran out (set per connection).
-        self.answer_now = None
-
-
-class Response:
-    __slots__ = ("status", "body", "content_type", "headers")
-
-    def __init__(self, status: int, body: bytes, content_type: bytes, headers: list | None = None):
-        self.status = status
-        self.body = body
-        self.content_type = content_type
-        self.headers = headers
-
-
-class _Reject(Exception):
-    """A request broke an HTTP-level rule: answer `status` with the error envelope and close."""
-
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(message)
-        self.status = status
-        self.error = QueenError(code, message)
-
-
-_INTERNAL = QueenError("internal", "the server failed to handle this request; see its log", http_status=500)
-# The last resort when even an error answer cannot be built: fixed bytes.
-_INTERNAL_BODY = (b'{"error":{"code":"internal","message":"the server failed to handle this request; see its log",'
-                  b'"details":{}},"code":"internal","detail":"the server failed to handle this request; see its log"}')
-
-
-def error_response(error: QueenError, wants_cbor: bool = False) -> Response:
-    body, content_type = encode_body(error.to_wire(), wants_cbor)
-    headers = None
-    if error.http_status == 503:
-        headers = [(b"retry-after", b"1")]
-    elif error.http_status == 405 and "allow" in error.details:
-        headers = [(b"allow", ", ".join(error.details["allow"]).encode())]
-    return Response(error.http_status, body, content_type, headers)
 
 
 def connection_budget(connections_max: int) -> int:
@@ -204,6 +154,17 @@ class _Connection:
         # Gave its place to a new connection: closed when idle, or (a parked call) answered now and
         # closed after that answer. No longer counted in `connections` either way.
         self.evicted = False
+
+
+@dataclass(frozen=True, slots=True)
+class HttpStatistics:
+    requests_total: int
+    connections: int
+    connections_allowed: int
+    connections_refused: int  # answered 503 at the limit, every connection busy mid-request
+    idle_closed: int  # idle keep-alive connections closed to make room
+    parks_ended: int  # parked calls answered early to make room
+    timeouts: int  # a request that did not arrive, or an answer not taken, in time
 
 
 class HttpServer:
@@ -272,6 +233,11 @@ class HttpServer:
                 continue
             self.connections += 1
             connections.start_soon(self._serve_connection, sock)
+
+
+    def statistics(self) -> HttpStatistics:
+        return HttpStatistics(self.requests_total, self.connections, self.connections_allowed,
+                              self.connections_refused, self.idle_closed, self.parks_ended, self.timeouts)
 
     def _close_longest_idle(self) -> bool:
         """Make room for a new connection by closing the keep-alive connection idle longest."""
@@ -388,19 +354,19 @@ class HttpServer:
                     return
             try:
                 simple = parse_simple_request(pending, config)
-            except _Reject as reject:
+            except Reject as reject:
                 await self._send_error_and_close(connection, reject.status, reject.error)
                 return
             if simple is not None:
                 request, rest = simple
-                buffer = _Buffer(rest)
+                buffer = PendingBytes(rest)
             else:
                 connection.phase = READING
                 connection.deadline = trio.current_time() + config.request_read_timeout_s
                 buffer = h11_conn = h11.Connection(h11.SERVER, max_incomplete_event_size=config.header_bytes_max)
                 try:
                     request = await self._read_request(h11_conn, sock, pending)
-                except _Reject as reject:
+                except Reject as reject:
                     await self._send_error_and_close(connection, reject.status, reject.error)
                     return
                 except h11.RemoteProtocolError as error:
@@ -443,18 +409,18 @@ class HttpServer:
                 return error_response(error, wants_cbor)
             except Exception:
                 logger.exception("event=error_answer_failed code=%s", error.code)
-                return Response(500, _INTERNAL_BODY, b"application/json")
+                return Response(500, INTERNAL_BODY, b"application/json")
         except Exception:
             # Logged with its traceback and answered, not hidden: a bug in one route must not
             # drop every other client's connection.
             logger.exception("event=handler_failed method=%r target=%r", request.method[:16], request.target[:200])
-            return error_response(_INTERNAL, wants_cbor)
+            return error_response(INTERNAL, wants_cbor)
 
     async def _read_request(self, conn: h11.Connection, sock: socket.socket, pending: bytes) -> Request | None:
         """The rest of a request that has started to arrive (`pending`, its first bytes), or None
         if the client closed. The reaper answers 408 if it takes longer than allowed."""
         config = self.config
-        lines = _HeadLines()
+        lines = HeadLines()
         lines.feed(pending)
         conn.receive_data(pending)
         head = None
@@ -464,9 +430,9 @@ class HttpServer:
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
-                owed = _chunk_bytes_owed(conn)
+                owed = chunk_bytes_owed(conn)
                 if owed and body_bytes + owed > config.body_bytes_max:
-                    raise _Reject(413, "body_too_large", f"a chunk of {owed} more bytes was announced; the body "
+                    raise Reject(413, "body_too_large", f"a chunk of {owed} more bytes was announced; the body "
                                   f"would be over the limit of {config.body_bytes_max} bytes")
                 if conn.they_are_waiting_for_100_continue and not continue_sent:
                     await _send_all(sock, b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -479,10 +445,10 @@ class HttpServer:
             if kind is h11.Data:
                 body_bytes += len(event.data)
                 if body_bytes > config.body_bytes_max:
-                    raise _Reject(413, "body_too_large", f"the body is over the limit of {config.body_bytes_max} bytes")
+                    raise Reject(413, "body_too_large", f"the body is over the limit of {config.body_bytes_max} bytes")
                 body_parts.append(event.data)
             elif kind is h11.Request:
-                head = _Head(event, config)
+                head = Head(event, config)
             elif kind is h11.EndOfMessage:
                 body = body_parts[0] if len(body_parts) == 1 else b"".join(body_parts)
                 return Request(head.method, head.target, head.content_type, head.accept, bytes(body), head.keep_alive)
@@ -527,186 +493,7 @@ async def _send_all(sock: socket.socket, data: bytes) -> None:
             continue
 
 
-class _Buffer:
-    """What a client sent past a request parsed without h11, shaped like the two members of
-    h11.Connection that the connection loop uses."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes):
-        self.data = data
-
-    def receive_data(self, data: bytes) -> None:
-        self.data += data
-
-    @property
-    def trailing_data(self) -> tuple[bytes, bool]:
-        return self.data, False
-
-
-_TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
-_SIMPLE_HEAD = re.compile(
-    rb"(" + _TOKEN + rb") ([\x21-\x7e]+) HTTP/1\.([01])\r\n"
-    rb"((?:" + _TOKEN + rb":[ \t]*(?:[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)?[ \t]*\r\n)*)\r\n")
-
-
-def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] | None:
-    """The request at the start of `data` and the bytes after it, when it is whole and of the plain
-    shape nearly every client sends; None for anything else, which then goes through h11.
-
-    What this accepts is a strict subset of what h11 accepts, and yields the same request
-    (tests/http/test_simple_parse.py checks that against h11): ASCII header values, CRLF line ends,
-    no line folding, exactly one Host, at most one Content-Length of at most 19 digits, no
-    Transfer-Encoding, no Expect, the whole body present, and head and body within the limits.
-    A request with both Content-Length and Transfer-Encoding raises _Reject (400): the two could
-    frame the body differently for us and for a proxy in front of us (RFC 9112 section 6.1). So
-    does a head with a bare LF line end or a folded header line (_HeadLines), which the h11 path
-    refuses too.
-    """
-    end = data.find(b"\r\n\r\n", 0, config.header_bytes_max)
-    if end < 0:
-        _HeadLines().feed(data)  # a head ended by bare LFs has no CRLF CRLF
-        return None
-    match = _SIMPLE_HEAD.fullmatch(data, 0, end + 4)
-    if match is None:
-        _HeadLines().feed(data)
-        return None
-    method, target, minor, fields = match.groups()
-    content_type = accept = b""
-    length = 0
-    hosts = lengths = 0
-    plain = True
-    chunked = False
-    keep_alive = minor == b"1"
-    for line in fields.split(b"\r\n")[:-1]:
-        name, _, value = line.partition(b":")
-        name = name.lower()
-        if name == b"host":
-            hosts += 1
-        elif name == b"content-length":
-            value = value.strip(b" \t")
-            if not value.isdigit() or len(value) > 19:
-                plain = False  # h11 answers it (400)
-                continue
-            length = int(value)
-            lengths += 1
-        elif name == b"content-type":
-            content_type = value.strip(b" \t").lower()
-        elif name == b"accept":
-            accept = value.strip(b" \t").lower()
-        elif name == b"connection":
-            if b"close" in value.lower():
-                keep_alive = False
-        elif name == b"transfer-encoding":
-            chunked = True
-        elif name == b"expect":
-            plain = False
-    if chunked:
-        if lengths:
-            raise _Reject(400, "bad_http", _BOTH_FRAMINGS)
-        return None
-    if not plain or hosts != 1 or lengths > 1 or length > config.body_bytes_max:
-        return None
-    start = end + 4
-    stop = start + length
-    if len(data) < stop:
-        return None
-    return Request(method, target, content_type, accept, data[start:stop], keep_alive), data[stop:]
-
-
-_OBSOLETE_LINE = re.compile(rb"(?<!\r)\n|\r\n[ \t]")
-
-
-class _HeadLines:
-    """Watches a request head as it arrives, in one or more pieces, for the two line forms h11
-    accepts and RFC 9112 lets a server refuse: a line ended by a bare LF (section 2.2) and a
-    header line continued on the next one, obs-fold (section 5.2). A proxy in front of us may
-    read either differently, so it is refused (400) rather than read one way. Each byte is looked
-    at once: a piece is searched with the few bytes before it, up to the end of the head."""
-
-    __slots__ = ("tail", "done")
-
-    def __init__(self):
-        self.tail = b""  # the last bytes before the next piece: a line end may span two pieces
-        self.done = False
-
-    def feed(self, data: bytes) -> None:
-        if self.done:
-            return
-        window = self.tail + data
-        end = window.find(b"\r\n\r\n")
-        # From 1 when a tail leads: its first byte was looked at, with what came before it.
-        found = _OBSOLETE_LINE.search(window, 1 if self.tail else 0, len(window) if end < 0 else end + 4)
-        if found is not None:
-            if found.group() == b"\n":
-                raise _Reject(400, "bad_http", "a line of the request head ends in a bare LF; end every line with "
-                              "CRLF (RFC 9112 section 2.2 allows refusing it, and we do)")
-            raise _Reject(400, "bad_http", "a header line is continued on the next line (obsolete line folding); "
-                          "send each header on one line (RFC 9112 section 5.2 allows refusing it, and we do)")
-        self.tail = window[-3:]
-        self.done = end >= 0
-
-
-def _chunk_bytes_owed(conn: h11.Connection) -> int:
-    """The bytes still to come of the chunk h11 is reading: the size its chunk line announced, less
-    what has arrived; 0 when it is reading none. h11 keeps this to itself (ChunkedReader's
-    _bytes_in_chunk) and would wait for every byte of a chunk announced as ffffffff. Should a
-    later h11 keep it elsewhere, this reads 0 and the limit holds only as the bytes arrive, as it
-    did before (tests/http/test_bad_input.py, the chunk tests, would then fail)."""
-    return getattr(getattr(conn, "_reader", None), "_bytes_in_chunk", 0)
-
-
-class _Head:
-    """What the server needs from a request head, read in one pass over its headers."""
-
-    __slots__ = ("method", "target", "content_type", "accept", "keep_alive")
-
-    def __init__(self, event: h11.Request, config: Config):
-        self.method = event.method
-        self.target = event.target
-        self.content_type = self.accept = b""
-        keep_alive = event.http_version == b"1.1"
-        # h11 bounds only a head still incomplete in its buffer; one that arrived whole in a single
-        # read is measured here.
-        head_bytes = len(event.method) + len(event.target)
-        framings = 0
-        for name, value in event.headers:
-            head_bytes += len(name) + len(value) + 4
-            if name == b"content-type":
-                self.content_type = value.lower()
-            elif name == b"transfer-encoding":
-                framings |= 1
-            elif name == b"content-length":
-                framings |= 2
-                if int(value) > config.body_bytes_max:
-                    raise _Reject(413, "body_too_large", f"the body is {int(value)} bytes; the limit is {config.body_bytes_max}")
-            elif name == b"accept":
-                self.accept = value.lower()
-            elif name == b"connection":
-                keep_alive = b"close" not in value.lower() and keep_alive
-        if head_bytes > config.header_bytes_max:
-            raise _Reject(431, "head_too_large", f"the request head is over the limit of {config.header_bytes_max} bytes")
-        if framings == 3:
-            raise _Reject(400, "bad_http", _BOTH_FRAMINGS)
-        self.keep_alive = keep_alive
-
-
-_BOTH_FRAMINGS = ("the request has both Content-Length and Transfer-Encoding; send one (RFC 9112 section 6.1 "
-                  "allows closing such a connection, and we do)")
-
-
-def encode_response(response: Response, keep_alive: bool) -> bytes:
-    body = response.body
-    head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n" % (
-        response.status, _REASONS.get(response.status, b""), response.content_type, len(body))
-    if response.headers:
-        head += b"".join(b"%s: %s\r\n" % header for header in response.headers)
-    if not keep_alive:
-        head += b"connection: close\r\n"
-    return head + b"\r\n" + body
-
-
-async def _wait_gone(buffer: h11.Connection | _Buffer, sock: socket.socket) -> None:
+async def _wait_gone(buffer: h11.Connection | PendingBytes, sock: socket.socket) -> None:
     """Return when the client closes its side while its request is being handled. Bytes it sends
     meanwhile (a pipelined request) are kept in `buffer` for the next request; past a bound we
     stop watching."""

@@ -43,7 +43,7 @@ from queen.core.timer_ops import parse_timer_ops
 from queen.errors import BadRequest, QueenError
 from queen.http import queen_mq
 from queen.http.codec import CBOR, decode_body, encode_body
-from queen.http.connection import Request, Response
+from queen.http.wire import Request, Response
 
 
 class NotFound(QueenError):

@@ -1,6 +1,6 @@
 """The router: splits a call's operations by shard, sends each part to its actor, and reassembles
-the results in order once every part is applied and durable. Transactions and ticks do not go
-through actors: they are steps of their own (queen/runtime/steps.py).
+the results in order once every part is applied and durable. Transactions do not go through
+actors: they are steps of their own (queen/runtime/steps.py), as ticks are (queen/runtime/ticker.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from queen.core.queue_ops import (
     PushItem,
     QueueAdmin,
 )
-from queen.core.state import Abandon, Tick, Transaction
+from queen.core.state import Abandon, Transaction
 from queen.core.timer_ops import TimerList, TimerOp, Timers
 from queen.core.txn import TransactionOps
 from queen.errors import Unavailable
@@ -89,10 +89,7 @@ class Router:
         call.results = [None] * slots
         call.parts_left = slots - len(spread)
         await self._send_parts(parts)
-        await call.done.wait()
-        if call.error is not None:
-            raise call.error
-        results = call.results
+        results = await call.result()
         for position, spread_slots in spread.items():
             op = ops[position]
             pieces = [results[slot] for slot in spread_slots]
@@ -126,12 +123,9 @@ class Router:
                 waiting_shards.append(shard)
         await self._send_parts(parts)
         if waiting_shards and wait_gone is not None:
-            await self._wait_or_abandon(call, waiting_shards, wait_gone, answer_now)
+            results = await self._wait_or_abandon(call, waiting_shards, wait_gone, answer_now)
         else:
-            await call.done.wait()
-        if call.error is not None:
-            raise call.error
-        results = call.results
+            results = await call.result()
         for position, op in enumerate(ops):
             result = results[position]
             result["index"] = position
@@ -143,7 +137,6 @@ class Router:
     def queue_shard(self, queue: str) -> int:
         return shard_of_queue(queue, self.shard_count) if self.shard_count > 1 else 0
 
-
     async def run_queue(self, queue: str | None, op, wait_gone=None, shard: int | None = None, answer_now=None):
         """One queue operation on its queue's shard. A pop with waitMs may park; if `wait_gone`
         returns meanwhile (the client hung up), it is answered cancelled, never handed anything."""
@@ -153,12 +146,10 @@ class Router:
         call = Call(1, 1)
         await self._send(shard, [(call, 0, op)])
         if type(op) is PopOp and op.wait_ms and wait_gone is not None:
-            await self._wait_or_abandon(call, [shard], wait_gone, answer_now)
+            results = await self._wait_or_abandon(call, [shard], wait_gone, answer_now)
         else:
-            await call.done.wait()
-        if call.error is not None:
-            raise call.error
-        return _checked(call.results[0])
+            results = await call.result()
+        return _checked(results[0])
 
     async def push(self, items: list[PushItem]) -> list[dict]:
         """Items go to their queues' shards, in order; the answer is one result per item, in order."""
@@ -195,11 +186,8 @@ class Router:
         call = Call(len(by_shard), len(by_shard))
         parts = {shard: [(call, slot, kind(items))] for slot, (shard, items) in enumerate(by_shard.items())}
         await self._send_parts(parts)
-        await call.done.wait()
-        if call.error is not None:
-            raise call.error
         results: list = [None] * count
-        for part in call.results:
+        for part in await call.result():
             for result in part:
                 results[result["index"]] = result
         return results
@@ -210,10 +198,7 @@ class Router:
         parts = {shard: [(call, shard, QueueAdmin("list", None, prefix=prefix, after=after, limit=limit))]
                  for shard in range(self.shard_count)}
         await self._send_parts(parts)
-        await call.done.wait()
-        if call.error is not None:
-            raise call.error
-        items = sorted((item for part in call.results for item in part), key=lambda item: item["queue"])
+        items = sorted((item for part in await call.result() for item in part), key=lambda item: item["queue"])
         more = len(items) > limit
         items = items[:limit]
         return {"items": items, "cursor": encode_cursor(items[-1]["queue"]) if more else None}
@@ -225,13 +210,10 @@ class Router:
         parts = {shard: [(call, shard, QueueAdmin("delete_group_everywhere", None, group=group))]
                  for shard in range(self.shard_count)}
         await self._send_parts(parts)
-        await call.done.wait()
-        if call.error is not None:
-            raise call.error
-        queues = sorted(name for part in call.results for name in part)
+        queues = sorted(name for part in await call.result() for name in part)
         return {"deleted": bool(queues), "consumerGroup": group, "queues": queues}
 
-    async def _wait_or_abandon(self, call: Call, shards: list[int], wait_gone, answer_now=None) -> None:
+    async def _wait_or_abandon(self, call: Call, shards: list[int], wait_gone, answer_now=None) -> list:
         """Wait for a parked call's answer. If `wait_gone` returns first (the client hung up), its
         parked operations are answered "cancelled", never handed anything; if `answer_now` does
         (queen/http/connection.py: the connection is needed for a new client), they are answered as
@@ -247,6 +229,7 @@ class Router:
                 nursery.start_soon(abandon_when, answer_now, True)
             await call.done.wait()
             nursery.cancel_scope.cancel()
+        return await call.result()
 
     async def run_transaction(self, txn: TransactionOps | list[KvOp]) -> dict:
         """All or nothing, as one step (so one frame), applied here across the shards it touches:
@@ -257,10 +240,7 @@ class Router:
             self.refuse_writes_if_unavailable()
         call = step.reply_to
         self.steps.run(step)
-        await call.done.wait()
-        if call.error is not None:
-            raise call.error
-        return call.results[0]
+        return (await call.result())[0]
 
     async def list_permits(self, prefix: str, cursor: str | None, limit: int) -> dict:
         """The admin's page of held permits across every shard, in name order."""
@@ -307,14 +287,3 @@ def _merge_prefix_pages(pages: list[dict], limit: int) -> dict:
     more = len(items) > limit
     items = items[:limit]
     return {"items": items, "cursor": encode_cursor(items[-1]["key"]) if more else None}
-
-
-async def tick_forever(steps: StepRunner, tick_ms: int) -> None:
-    """Every tick, a Tick step: expiry, hand-overs and timeouts. Applied directly, never queued
-    behind operations, and never dropped: a tick that comes late catches up at once."""
-    interval_s = tick_ms / 1000
-    next_at = trio.current_time()
-    while True:
-        next_at = max(next_at + interval_s, trio.current_time())
-        await trio.sleep_until(next_at)
-        steps.run(Tick())

@@ -57,6 +57,14 @@ class Call:
         self.done = trio.Event()
         self.error = None
 
+    async def result(self) -> list:
+        """Every part's answer once all are in and durable; the call's error raised instead if it
+        has one (a 503 when the log cannot be written, a 500 for an operation that failed)."""
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.results
+
 
 class StepRunner:
     __slots__ = ("state", "writer", "clock", "steps_applied")

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 
 from queen.core import records as rec
@@ -56,17 +55,11 @@ from queen.wal.frame import (
     find_next_valid_frame,
     read_frame_header,
 )
+from queen.wal.segment import CEILING_BLOCK, list_dir, quarantine_name, segment_name
 from queen.wal.snapshot import SnapshotError, SnapshotRefused, decode_snapshot
 
 logger = logging.getLogger(__name__)
 
-SEGMENT_RE = re.compile(r"^wal-(\d{16})\.seg$")
-SNAPSHOT_RE = re.compile(r"^snapshot-(\d{20})\.snap$")
-# Versions the writer (queen/wal/writer.py) reserves ahead of use: its ceiling record is renewed to
-# CEILING_BLOCK past the last version of a batch whenever a batch comes within half a block of the
-# ceiling. So a restart skips at most this many versions, and recovery believes a cut frame's claim
-# at most this far past what it replayed. Here rather than in the writer, which imports this module.
-CEILING_BLOCK = 1 << 16
 # Format versions are small numbers; a header with a larger one is torn, not from another build.
 FORMAT_VERSION_PLAUSIBLE_MAX = 1 << 16
 
@@ -75,14 +68,6 @@ FORMAT_1_HELP = (
     "To carry the data over: start Queen 0.1.0 on this directory, copy the keys out "
     "(`queen kv list NS --json` for each namespace), stop it, move the directory aside, start this build on "
     "an empty one and write the keys back. Locks are leases: let them be acquired again.")
-
-
-def segment_name(seq: int) -> str:
-    return f"wal-{seq:016d}.seg"
-
-
-def quarantine_name(segment: str, offset: int) -> str:
-    return f"{segment}.cut-{offset}"
 
 
 @dataclass
@@ -104,16 +89,6 @@ class Recovered:
     def version_floor(self) -> int:
         """Versions handed out from now on are above this."""
         return max(self.last_version, self.ceiling, self.claimed_version)
-
-
-def list_dir(names: list[str]) -> tuple[dict[int, str], dict[int, str]]:
-    segments, snapshots = {}, {}
-    for name in names:
-        if match := SEGMENT_RE.match(name):
-            segments[int(match.group(1))] = name
-        elif match := SNAPSHOT_RE.match(name):
-            snapshots[int(match.group(1))] = name
-    return segments, snapshots
 
 
 def recover(data_dir: str, apply, disk: Disk | None = None) -> Recovered:

@@ -7,8 +7,7 @@
 `version` is the global version counter at capture; every record of segments before
 `first_segment` is covered by it, so those segments may be deleted once the snapshot is durable.
 `ceiling` is the version ceiling durable when it was taken (queen/core/records.py, ceiling).
-crc32 covers version, ceiling, first_segment and the payload. File name:
-snapshot-<version, 20 digits>.snap.
+crc32 covers version, ceiling, first_segment and the payload. File name: queen/wal/segment.py.
 
 Sections, each a flat array of records as queen/core/records.py defines them:
 
@@ -46,10 +45,6 @@ class SnapshotError(Exception):
 class SnapshotRefused(Exception):
     """A whole snapshot this build must not read: another format version, or a section it does not
     know. Recovery refuses to start rather than guess."""
-
-
-def snapshot_name(version: int) -> str:
-    return f"snapshot-{version:020d}.snap"
 
 
 class Snapshot:

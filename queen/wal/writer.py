@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 
 import trio
 
@@ -43,14 +44,11 @@ from queen.core.kv import VERSION_MAX
 from queen.errors import Unavailable
 from queen.wal.disk import Disk
 from queen.wal.frame import encode_frame, file_header
-from queen.wal.recovery import CEILING_BLOCK, list_dir, segment_name
-from queen.wal.snapshot import encode_snapshot, snapshot_name
+from queen.wal.segment import CEILING_BLOCK, list_dir, segment_name, snapshot_name
+from queen.wal.snapshot import encode_snapshot
 
 logger = logging.getLogger(__name__)
 
-# CEILING_BLOCK (2^16, defined in recovery.py, which bounds what it believes by it): versions
-# reserved ahead of use. A restart begins above the last ceiling, so this is also the most versions
-# a restart skips; a ceiling record is renewed about every half block.
 # A frame's write + fsync runs on the event loop while the mean of recent ones is under
 # INLINE_FSYNC_S_MAX, in the disk thread once it goes over, and back on the loop under half of it.
 # Measured on an ext4 disk doing 6,000 fdatasyncs/s: inline at 0.3-0.5 ms per commit still costs
@@ -59,6 +57,19 @@ INLINE_FSYNC_S_MAX = 0.002
 _EWMA_WEIGHT = 0.2
 # How many passes of the run loop a commit waits, at most, for work under way to join its frame.
 GATHER_PASSES_MAX = 4
+
+
+@dataclass(frozen=True, slots=True)
+class WalStatistics:
+    batches: int  # frames written, one fsync each
+    records_written: int
+    bytes_written: int
+    fsync_seconds_total: float  # write + fsync of frames
+    inline_commits: int  # frames written on the event loop rather than the disk thread
+    snapshots_written: int
+    failed: bool  # a write or fsync failed (or a step did): writes are refused until a restart
+    durable_version: int
+    ceiling: int
 
 
 class WalWriter:
@@ -102,6 +113,11 @@ class WalWriter:
         self.fsync_seconds_total = 0.0
         self.snapshots_written = 0
         self.inline_commits = 0
+
+    def statistics(self) -> WalStatistics:
+        return WalStatistics(self.batches, self.records_written, self.bytes_written, self.fsync_seconds_total,
+                             self.inline_commits, self.snapshots_written, self.failed is not None,
+                             self.durable_version, self.ceiling)
 
     # -- called by whoever applied a step, synchronously --------------------------------------------
 

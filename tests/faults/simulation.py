@@ -64,7 +64,7 @@ import trio
 import trio.testing
 
 from queen.config import Config
-from queen.http.connection import Request
+from queen.http.wire import Request
 from queen.runtime.server import Server
 from queen.testing import Crash, ForgetfulDisk, run_inline
 from tests.faults.checkers import (

@@ -1,7 +1,7 @@
 """parse_simple_request against h11, the oracle: whatever the fast path accepts, h11 accepts too and
 reads as the same request with the same bytes left over; whatever h11 refuses, the fast path
 declines (and h11 then answers the error). The oracle is h11 as the server drives it: the head's
-line ends are looked at first (_HeadLines), since a bare LF and obs-fold, which h11 accepts, are
+line ends are looked at first (HeadLines), since a bare LF and obs-fold, which h11 accepts, are
 refused on both paths. Then the connection loop over real sockets, for the shapes that leave the
 fast path: pipelining, split reads, 100-continue, chunked bodies, HTTP/1.0."""
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queen.config import Config
-from queen.http.connection import _Head, _HeadLines, _Reject, parse_simple_request
+from queen.http.wire import Head, HeadLines, Reject, parse_simple_request
 from queen.testing import open_server
 
 CONFIG = Config()
@@ -22,8 +22,8 @@ def parse_with_h11(data: bytes):
     """(method, target, content_type, accept, body, keep_alive, rest), or None where the server's
     h11 path refuses or needs more data."""
     try:
-        _HeadLines().feed(data)
-    except _Reject:
+        HeadLines().feed(data)
+    except Reject:
         return None
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=CONFIG.header_bytes_max)
     conn.receive_data(data)
@@ -34,7 +34,7 @@ def parse_with_h11(data: bytes):
             if event is h11.NEED_DATA or event is h11.PAUSED:
                 return None
             if type(event) is h11.Request:
-                head = _Head(event, CONFIG)
+                head = Head(event, CONFIG)
             elif type(event) is h11.Data:
                 body += event.data
             elif type(event) is h11.EndOfMessage:
@@ -42,7 +42,7 @@ def parse_with_h11(data: bytes):
                         conn.trailing_data[0])
             else:
                 return None
-    except Exception:  # h11's protocol errors and our _Head's limits: refused
+    except Exception:  # h11's protocol errors and our Head's limits: refused
         return None
 
 
@@ -52,7 +52,7 @@ REJECTED = "rejected"
 def parse_fast(data: bytes):
     try:
         parsed = parse_simple_request(data, CONFIG)
-    except _Reject:
+    except Reject:
         return REJECTED
     if parsed is None:
         return None
@@ -100,8 +100,8 @@ def test_both_content_length_and_transfer_encoding_are_refused_on_both_paths(fie
     assert parse_fast(data) == REJECTED
     conn = h11.Connection(h11.SERVER)
     conn.receive_data(data)
-    with pytest.raises(_Reject) as caught:
-        _Head(conn.next_event(), CONFIG)
+    with pytest.raises(Reject) as caught:
+        Head(conn.next_event(), CONFIG)
     assert caught.value.status == 400
 
 
@@ -126,8 +126,8 @@ def test_bare_lf_and_obs_fold_are_refused_on_both_paths_though_h11_reads_them(wh
     conn.receive_data(data)
     assert type(conn.next_event()) is h11.Request
     for split in range(1, len(data)):  # arriving in two pieces, cut anywhere
-        lines = _HeadLines()
-        with pytest.raises(_Reject) as caught:
+        lines = HeadLines()
+        with pytest.raises(Reject) as caught:
             lines.feed(data[:split])
             lines.feed(data[split:])
         assert caught.value.status == 400 and caught.value.error.code == "bad_http"
@@ -139,7 +139,7 @@ def test_line_ends_past_the_head_are_the_body_s_business():
         data = head + body[:6]
         assert parse_fast(data) == parse_with_h11(data) != None  # noqa: E711
         for split in range(1, len(data)):
-            lines = _HeadLines()
+            lines = HeadLines()
             lines.feed(data[:split])
             lines.feed(data[split:])
 

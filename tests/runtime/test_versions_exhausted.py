@@ -30,7 +30,8 @@ from queen.runtime.server import Server
 from queen.runtime.steps import Call, StepRunner
 from queen.testing import ForgetfulDisk, HttpClient, open_server, run_inline
 from queen.wal.frame import encode_frame, file_header
-from queen.wal.recovery import CEILING_BLOCK, recover, segment_name
+from queen.wal.recovery import recover
+from queen.wal.segment import CEILING_BLOCK, segment_name
 from queen.wal.writer import WalWriter
 
 T0 = 1_700_000_000_000

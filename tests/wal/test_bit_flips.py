@@ -35,8 +35,8 @@ from queen.core.queue_ops import parse_push
 from queen.errors import CorruptLog
 from queen.testing import ForgetfulDisk, open_server
 from queen.wal.frame import FILE_HEADER, FRAME_HEADER, decode_frame
-from queen.wal.recovery import quarantine_name, recover, segment_name
-from queen.wal.writer import CEILING_BLOCK
+from queen.wal.recovery import recover
+from queen.wal.segment import CEILING_BLOCK, quarantine_name, segment_name
 
 LIMITS = Limits()
 DATA_DIR = "/golden"

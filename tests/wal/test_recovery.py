@@ -27,8 +27,8 @@ from queen.core.locks import parse_lock_ops
 from queen.errors import CorruptLog, UnreadableFormat
 from queen.runtime.server import Server
 from queen.wal.frame import FILE_HEADER, FORMAT_VERSION, FRAME_HEADER, decode_frame, encode_frame
-from queen.wal.recovery import CEILING_BLOCK, list_dir, segment_name
-from queen.wal.snapshot import SNAPSHOT_HEADER, decode_snapshot, snapshot_name
+from queen.wal.segment import CEILING_BLOCK, list_dir, segment_name, snapshot_name
+from queen.wal.snapshot import SNAPSHOT_HEADER, decode_snapshot
 
 LIMITS = Limits()
 FRAMES = 5

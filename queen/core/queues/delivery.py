@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from orjson import Fragment
 
 from queen.core import records as rec
-from queen.core.outcomes import Refusal
+from queen.core.outcomes import QueueReason, Refusal
 from queen.core.queue_ops import GENERATED_ID_PREFIX, PopOp
 from queen.core.queues.model import Group, GroupState, Partition, PopWaiter, Queue
 from queen.core.queues.packed import available_at, payload_bytes, unpack_message
@@ -37,7 +37,7 @@ class Delivery:
         """The answer, or None when the pop was parked (answered later, in resolved)."""
         queue = self._queue(op.queue, now_ms, records, create=True)
         if queue is None:
-            return {"success": False, "reason": "storage_full", "error": "storage_full", "queue": op.queue,
+            return {"success": False, "reason": QueueReason.STORAGE_FULL, "error": QueueReason.STORAGE_FULL, "queue": op.queue,
                     "consumerGroup": op.group, "messages": []}
         group = self._group(queue, op.group, op.mode, now_ms, records)
         if type(group) is Refusal:
@@ -59,13 +59,13 @@ class Delivery:
         if op.partition is not None:
             partition = queue.partitions.get(op.partition)
             if partition is None:
-                return None, "empty"
+                return None, QueueReason.EMPTY
             state = partition.groups[group.name]
             if state.lease is not None:
                 if state.lease.expires_at_ms > now_ms:
                     head = partition.messages.get(state.floor)
                     held = head is not None and available_at(head) <= now_ms
-                    return None, "lease_held" if held else "empty"
+                    return None, QueueReason.LEASE_HELD if held else QueueReason.EMPTY
                 self._expire(queue, group, state.lease, now_ms, records)
             offsets, _ = self._take(partition, state, now_ms, left, bytes_left, not taken)
             if offsets:
@@ -108,7 +108,7 @@ class Delivery:
                 left -= len(offsets)
                 bytes_left -= size
         if not taken:
-            return None, "empty"
+            return None, QueueReason.EMPTY
         lease_id = self.versions.next()
         expires_at_ms = 0 if op.auto_ack else now_ms + queue.options["leaseTimeSeconds"] * 1000
         deliveries = [[partition.id, offsets] for partition, offsets in taken]
@@ -188,7 +188,7 @@ class Delivery:
         """Parked pops whose wait ran out answer "empty" as the timeout; queues whose awaited delayed
         head became available are served after the step."""
         for waiter in self.parked.timed_out(now_ms):
-            self.resolved.append((waiter.reply_to, waiter.position, _nothing(waiter.op, "timeout")))
+            self.resolved.append((waiter.reply_to, waiter.position, _nothing(waiter.op, QueueReason.TIMEOUT)))
         for name in self.parked.woken(now_ms):
             self.dirty[name] = None
 
@@ -219,7 +219,7 @@ class Delivery:
         hand them anything), or "timeout" as their wait running out would."""
         for waiter in self.parked.of(reply_to):
             self.parked.unpark(waiter)
-            self.resolved.append((reply_to, waiter.position, _nothing(waiter.op, "timeout" if timed_out else "cancelled")))
+            self.resolved.append((reply_to, waiter.position, _nothing(waiter.op, QueueReason.TIMEOUT if timed_out else QueueReason.CANCELLED)))
 
     def drain(self) -> None:
         """At shutdown: every parked pop is answered shutting_down."""

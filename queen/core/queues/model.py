@@ -17,6 +17,7 @@ Only queen/core/queues/table.py changes these; everything else reads them.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from pyroaring import BitMap64
 
@@ -131,6 +132,21 @@ class PopWaiter:
         self.reply_to = reply_to
         self.position = position
         self.parked_at_ms = parked_at_ms
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatistics:
+    """One shard's queue counters and gauges, as /metrics reads them."""
+
+    pushed: int
+    duplicates: int
+    push_failed: int
+    redelivered_failed: int
+    redelivered_expired: int
+    dlq_moves: int
+    pop_waits: int  # parked pops served
+    pop_wait_ms_total: int  # how long they waited in all
+    gauges: tuple  # (queue, group, what, value): messages (group ""), pending, in_flight, dlq
 
 
 class QueueStats:

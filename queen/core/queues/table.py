@@ -20,7 +20,7 @@ from pyroaring import BitMap, BitMap64
 from queen.core import records as rec
 from queen.core.kv import VersionCounter
 from queen.core.limits import Limits
-from queen.core.outcomes import Refusal
+from queen.core.outcomes import MessageState, QueueReason, Refusal
 from queen.core.packing import read_int_array
 from queen.core.queue_ops import (
     DEFAULT_OPTIONS,
@@ -44,6 +44,7 @@ from queen.core.queues.model import (
     Lease,
     Partition,
     Queue,
+    QueueStatistics,
     QueueStats,
     Shared,
 )
@@ -187,6 +188,12 @@ class QueueTable(Delivery):
             self._requeue(queue, group, partition, state)
         return group
 
+    def statistics(self, now_ms: int) -> QueueStatistics:
+        stats, parked = self.stats, self.parked
+        return QueueStatistics(stats.pushed, stats.duplicates, stats.push_failed, stats.redelivered_failed,
+                               stats.redelivered_expired, stats.dlq_moves, parked.served_total, parked.wait_ms_total,
+                               tuple(views.gauges(self.queues, now_ms)))
+
     # What the shard's timers need of its queues (queen/core/timers.py, QueueSink).
 
     def has_queue(self, name: str) -> bool:
@@ -205,7 +212,7 @@ class QueueTable(Delivery):
         queue = self.queues.get(name)
         created = queue is None
         if created and self.shared.queues >= self.limits.queues_max:
-            return {"configured": False, "queue": name, "reason": "storage_full", "error": "storage_full"}
+            return {"configured": False, "queue": name, "reason": QueueReason.STORAGE_FULL, "error": QueueReason.STORAGE_FULL}
         options = dict(DEFAULT_OPTIONS if created else queue.options)
         options.update(changes)
         if created or options != queue.options:
@@ -227,7 +234,7 @@ class QueueTable(Delivery):
         """exempt: a timer's fire, which no capacity refuses."""
         queue = self._queue(item.queue, now_ms, records, create=True)
         if queue is None:
-            return self._push_failed(item, "storage_full")
+            return self._push_failed(item, QueueReason.STORAGE_FULL)
         partition = queue.partitions.get(item.partition)
         tid = item.transaction_id
         if partition is not None and tid is not None:
@@ -241,11 +248,11 @@ class QueueTable(Delivery):
         if not exempt:
             max_size = queue.options["maxSize"]
             if max_size and queue.messages >= max_size:
-                return self._push_failed(item, "queue_full")
+                return self._push_failed(item, QueueReason.QUEUE_FULL)
             if self.shared.bytes + item.size + dedupe_cost(tid) > self.limits.queue_bytes_max:
-                return self._push_failed(item, "storage_full")
+                return self._push_failed(item, QueueReason.STORAGE_FULL)
             if partition is None and len(queue.partitions) >= self.limits.partitions_per_queue_max:
-                return self._push_failed(item, "partition_limit")
+                return self._push_failed(item, QueueReason.PARTITION_LIMIT)
         if partition is None:
             partition = self._partition(queue, item.partition, now_ms, records)
         version = self.versions.next()
@@ -392,9 +399,9 @@ class QueueTable(Delivery):
         kind = found[0]
         if kind == "already":
             if in_transaction and not self.lease_live(item.lease_id, now_ms, item.group):
-                return "lease_lost", {"state": "completed"}
+                return QueueReason.LEASE_LOST, {"state": MessageState.COMPLETED}
             return None
-        if kind in ("lease_lost", "not_delivered"):
+        if kind is QueueReason.LEASE_LOST or kind is QueueReason.NOT_DELIVERED:
             return kind, {"state": found[1]}
         return None
 
@@ -412,7 +419,7 @@ class QueueTable(Delivery):
         checks in the same order as push_one's; a duplicate passes and adds nothing."""
         queue = self.queues.get(item.queue)
         if not growth.new_queue(self.shared, self.limits, item.queue, queue is not None):
-            return "storage_full"
+            return QueueReason.STORAGE_FULL
         partition = queue.partitions.get(item.partition) if queue is not None else None
         tid = item.transaction_id
         if tid is not None:
@@ -423,15 +430,15 @@ class QueueTable(Delivery):
         max_size = queue.options["maxSize"] if queue is not None else DEFAULT_OPTIONS["maxSize"]
         added = growth.messages.get(item.queue, 0)
         if max_size and (queue.messages if queue is not None else 0) + added >= max_size:
-            return "queue_full"
+            return QueueReason.QUEUE_FULL
         cost = item.size + dedupe_cost(tid)
         if self.shared.bytes + growth.bytes + cost > self.limits.queue_bytes_max:
-            return "storage_full"
+            return QueueReason.STORAGE_FULL
         created = growth.partitions.setdefault(item.queue, set())
         if partition is None and item.partition not in created:
             existing = len(queue.partitions) if queue is not None else 0
             if existing + len(created) >= self.limits.partitions_per_queue_max:
-                return "partition_limit"
+                return QueueReason.PARTITION_LIMIT
             created.add(item.partition)
         growth.messages[item.queue] = added + 1
         growth.bytes += cost
@@ -445,7 +452,7 @@ class QueueTable(Delivery):
         queue = self.queues.get(name) if name is not None else None
         partition = queue.by_id.get(item.partition_id) if queue is not None else None
         if partition is None:
-            return "lease_lost", "unknown"
+            return QueueReason.LEASE_LOST, MessageState.UNKNOWN
         entry = self.leases.get(item.lease_id)
         lease = entry[2] if entry is not None and entry[0] is queue else None
         group_name = item.group
@@ -454,15 +461,15 @@ class QueueTable(Delivery):
         state = partition.groups.get(group_name)
         offset = self._offset_of(partition, item)
         if offset is not None and offset >= partition.next_offset:
-            return "not_delivered", "unknown"  # never appended: judged before any set of offsets is asked
+            return QueueReason.NOT_DELIVERED, MessageState.UNKNOWN  # never appended: judged before any set of offsets is asked
         if state is not None and offset is not None and self._completed(state, offset):
-            return "already", "completed"
-        message_state = self._state_name(partition, state, offset) if state is not None and offset is not None else "unknown"
+            return "already", MessageState.COMPLETED
+        message_state = self._state_name(partition, state, offset) if state is not None and offset is not None else MessageState.UNKNOWN
         if lease is None or lease.expires_at_ms <= now_ms or item.partition_id not in lease.held or \
                 (item.group is not None and item.group != lease.group):
-            return "lease_lost", message_state
+            return QueueReason.LEASE_LOST, message_state
         if offset is None or offset not in lease.held[item.partition_id]:
-            return "not_delivered", message_state
+            return QueueReason.NOT_DELIVERED, message_state
         return "ok", queue, queue.groups[lease.group], lease, partition, partition.groups[lease.group], offset
 
     def _offset_of(self, partition: Partition, item: AckItem) -> int | None:
@@ -480,15 +487,15 @@ class QueueTable(Delivery):
 
     def _state_name(self, partition: Partition, state: GroupState, offset: int) -> str:
         if offset in state.dlq:
-            return "dlq"
+            return MessageState.DLQ
         if self._completed(state, offset):
-            return "completed"
+            return MessageState.COMPLETED
         if offset >= partition.next_offset:
-            return "unknown"
+            return MessageState.UNKNOWN
         lease = state.lease
         if lease is not None and offset in lease.held.get(partition.id, ()):
-            return "inFlight"
-        return "pending"
+            return MessageState.IN_FLIGHT
+        return MessageState.PENDING
 
     def ack_together(self, items: list[AckItem], now_ms: int, records: list) -> list[dict]:
         """A transaction's acks on this shard, every one already checked: all apply, and a lease
@@ -664,7 +671,7 @@ class QueueTable(Delivery):
     def extend(self, lease_id: int, seconds: int | None, now_ms: int, records: list) -> dict:
         entry = self.leases.get(lease_id)
         if entry is None or entry[2].expires_at_ms <= now_ms or not entry[2].held:
-            return {"leaseId": lease_id, "success": False, "reason": "lease_lost", "error": "lease_lost"}
+            return {"leaseId": lease_id, "success": False, "reason": QueueReason.LEASE_LOST, "error": QueueReason.LEASE_LOST}
         queue, group, lease = entry
         seconds = seconds if seconds is not None else queue.options["leaseTimeSeconds"]
         expires_at_ms = max(lease.expires_at_ms, now_ms + seconds * 1000)
@@ -682,7 +689,7 @@ class QueueTable(Delivery):
     def release(self, lease_id: int, now_ms: int, records: list) -> dict:
         entry = self.leases.get(lease_id)
         if entry is None or entry[2].expires_at_ms <= now_ms or not entry[2].held:
-            return {"leaseId": lease_id, "success": False, "reason": "lease_lost", "error": "lease_lost"}
+            return {"leaseId": lease_id, "success": False, "reason": QueueReason.LEASE_LOST, "error": QueueReason.LEASE_LOST}
         queue, group, lease = entry
         partitions = self._lease_partitions(queue, lease)
         self._lease_end(queue, group, lease, 0, now_ms, records)
@@ -793,7 +800,7 @@ class QueueTable(Delivery):
             partition = queue.by_id.get(partition_id) if queue is not None else None
             state = partition.groups.get(group) if partition is not None else None
             if state is None or offset >= partition.next_offset or offset not in state.dlq:
-                results.append({"index": index, "requeued": False, "reason": "absent"})
+                results.append({"index": index, "requeued": False, "reason": QueueReason.ABSENT})
                 continue
             self._message_state(queue, group, partition, offset, "pending", 0, None, now_ms, records)
             results.append({"index": index, "requeued": True})
@@ -816,7 +823,7 @@ class QueueTable(Delivery):
     def delete_queue(self, name: str, now_ms: int, records: list) -> dict:
         queue = self.queues.get(name)
         if queue is None:
-            return {"deleted": False, "reason": "absent"}
+            return {"deleted": False, "reason": QueueReason.ABSENT}
         messages = queue.messages
         timers = len(self.timers.pending.get(name, ()))
         version = self.versions.next()
@@ -842,7 +849,7 @@ class QueueTable(Delivery):
     def delete_group(self, name: str, group_name: str, now_ms: int, records: list) -> dict:
         queue = self.queues.get(name)
         if queue is None or group_name not in queue.groups:
-            return {"deleted": False, "reason": "absent"}
+            return {"deleted": False, "reason": QueueReason.ABSENT}
         version = self.versions.next()
         rec.group_delete(records, version, name, group_name)
         self._apply_group_delete(queue, group_name, now_ms)

@@ -1,0 +1,94 @@
+"""/metrics: the Prometheus text of every component's statistics() snapshot. This module reads the
+components only through those snapshots (and the state's row count), so a counter's home is its
+component and its name and help text are here.
+"""
+
+from __future__ import annotations
+
+from queen.core.queues.model import QueueStatistics
+from queen.core.timers import TimerStatistics
+from queen.http.connection import HttpStatistics
+from queen.wal.writer import WalStatistics
+
+_QUEUE_GAUGES = {
+    "messages": "messages retained, DLQ entries included",
+    "pending": "messages a group has yet to be delivered (its lag)",
+    "in_flight": "messages delivered under a live lease",
+    "dlq": "a group's DLQ entries",
+}
+
+
+def render(http: HttpStatistics, wal: WalStatistics, rows: int, queues: list[QueueStatistics],
+           timers: list[TimerStatistics]) -> str:
+    """queues and timers: one snapshot per shard."""
+    out = []
+
+    def metric(name: str, kind: str, help_text: str, samples) -> None:
+        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+        if not isinstance(samples, list):
+            samples = [("", samples)]
+        out.extend(f"{name}{labels} {value}\n" for labels, value in samples)
+
+    metric("queen_requests_total", "counter", "HTTP requests answered", http.requests_total)
+    metric("queen_connections", "gauge", "open HTTP connections", http.connections)
+    metric("queen_connections_allowed", "gauge", "the connection limit in force (lowered to fit the open-file limit)",
+           http.connections_allowed)
+    metric("queen_connections_refused_total", "counter",
+           "connections answered 503 at the limit, every connection busy with a request", http.connections_refused)
+    metric("queen_connections_idle_closed_total", "counter",
+           "idle keep-alive connections closed to make room for new ones", http.idle_closed)
+    metric("queen_connections_parks_ended_total", "counter",
+           "parked calls answered early (as their wait running out) to make room for new connections",
+           http.parks_ended)
+    metric("queen_connections_timed_out_total", "counter",
+           "connections cut off: a request that did not arrive, or an answer not taken, in time", http.timeouts)
+    metric("queen_wal_batches_total", "counter", "WAL frames written (one fsync each)", wal.batches)
+    metric("queen_wal_records_total", "counter", "effect records written to the WAL", wal.records_written)
+    metric("queen_wal_bytes_total", "counter", "bytes written to WAL segments", wal.bytes_written)
+    metric("queen_wal_fsync_seconds_total", "counter", "time spent in write+fsync of WAL frames",
+           round(wal.fsync_seconds_total, 6))
+    metric("queen_wal_inline_commits_total", "counter",
+           "frames written and fsynced on the event loop rather than the disk thread", wal.inline_commits)
+    metric("queen_wal_failed", "gauge", "1 when a write or fsync failed and writes are refused", int(wal.failed))
+    metric("queen_snapshots_total", "counter", "snapshots written", wal.snapshots_written)
+    metric("queen_version", "gauge", "the last durable version", wal.durable_version)
+    metric("queen_version_ceiling", "gauge",
+           "versions up to this are reserved on disk; a restart continues above it", wal.ceiling)
+    metric("queen_rows", "gauge", "rows held in memory (expired rows not yet freed included)", rows)
+
+    by_what: dict[str, list] = {what: [] for what in _QUEUE_GAUGES}
+    for shard in queues:
+        for queue, group, what, value in shard.gauges:
+            labels = f'{{queue="{_label(queue)}"' + (f',group="{_label(group)}"' if group else "") + "}"
+            by_what[what].append((labels, value))
+    for what, help_text in _QUEUE_GAUGES.items():
+        metric(f"queen_queue_{what}", "gauge", help_text, by_what[what])
+    metric("queen_push_total", "counter", "pushed items by result", [
+        ('{result="queued"}', sum(s.pushed for s in queues)),
+        ('{result="duplicate"}', sum(s.duplicates for s in queues)),
+        ('{result="failed"}', sum(s.push_failed for s in queues))])
+    metric("queen_redeliveries_total", "counter", "deliveries that ended without completion and were returned", [
+        ('{cause="failed"}', sum(s.redelivered_failed for s in queues)),
+        ('{cause="expired"}', sum(s.redelivered_expired for s in queues))])
+    metric("queen_dlq_moves_total", "counter", "messages moved to a DLQ", sum(s.dlq_moves for s in queues))
+    metric("queen_pop_wait_seconds", "summary", "how long parked pops waited before they were served", [
+        ("_sum", sum(s.pop_wait_ms_total for s in queues) / 1000), ("_count", sum(s.pop_waits for s in queues))])
+
+    fired = sum(t.fired for t in timers)
+    metric("queen_timers_pending", "gauge", "timers scheduled and not yet fired or cancelled",
+           sum(t.pending for t in timers))
+    metric("queen_timers_fired_total", "counter",
+           "timers fired (each removed and its message appended in one record)", fired)
+    metric("queen_timer_fire_duplicates_total", "counter",
+           "fires that appended nothing: their transactionId was already in the partition",
+           sum(t.fire_duplicates for t in timers))
+    metric("queen_timer_fire_late_seconds", "summary", "how long after its time each timer fired (server clock)", [
+        ("_sum", sum(t.late_ms_total for t in timers) / 1000), ("_count", fired)])
+    metric("queen_timer_fire_late_seconds_max", "gauge", "the latest any timer fired since the start",
+           max((t.late_ms_max for t in timers), default=0) / 1000)
+    return "".join(out)
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
