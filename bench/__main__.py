@@ -42,6 +42,7 @@ from bench.servers import (
     redis_server,
 )
 from bench.sessions import redis_setup_commands
+from bench.systems import DURABLE_SYSTEMS
 from bench.workloads import (
     FAMILY,
     KEYS_TOTAL,
@@ -360,7 +361,7 @@ def measure(args, system: str, server: ServerProcess, workload: Workload, ops: i
                    if is_queen and workload.name.startswith("timer-") else None),
         "other_histograms": {name: h.summary_us() for name, h in tally.histograms.items()},
         "fsync": report.fsync_figures(system, metrics_before, metrics_after, cpu["wall_s"], disk),
-        "durable": system in report.DURABLE_SYSTEMS,
+        "durable": system in DURABLE_SYSTEMS,
     }
     run["generator_us_per_request"] = (round(cpu["processes_pct_of_core"]["generator"] / 100 / run["requests_per_s"] * 1e6, 1)
                                        if run["requests_per_s"] else None)

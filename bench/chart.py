@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bench.report import PEER_LABELS, SYSTEMS  # noqa: E402
+from bench.systems import PEER_LABELS, SYSTEMS  # noqa: E402
 
 COLORS = {"queen": "#c0392b", "redis-aof": "#2471a3", "redis-mem": "#85c1e9", "etcd": "#239b56", "postgres": "#7d3c98",
           "nats": "#d68910"}

@@ -11,25 +11,14 @@ from __future__ import annotations
 import json
 import os
 
+from bench.systems import PEER_LABELS, PEER_NOTES, SYSTEMS
+
 # A side whose process used at least this share of its core was the one that set the pace.
 SATURATED_PCT = 90.0
 
 # CPU busy on the cores that no process of ours was charged for, above which a run is flagged:
 # quiet runs show 10-35% (loopback TCP in softirq); more means another process shared the cores.
 NEIGHBOUR_PCT = 45.0
-
-SYSTEMS = ("queen", "redis-aof", "redis-mem", "etcd", "postgres", "nats")
-PEER_LABELS = {"queen": "Queen", "redis-aof": "Redis AOF always", "redis-mem": "Redis no persistence",
-               "etcd": "etcd", "postgres": "PostgreSQL 15", "nats": "NATS JetStream", "baseline": "HTTP-layer baseline"}
-# What a reader must know to weigh a peer's figures; printed under the peers line.
-PEER_NOTES = {
-    "nats": "NATS JetStream (file storage) acknowledges a publish before any fsync: the packaged 2.9 has no "
-            "per-write sync setting (`sync_interval`, with `always`, arrived in 2.10), so its file store is synced "
-            "on its own timer and an acknowledged message can be lost by a power cut. Not durable in the sense the "
-            "others are.",
-    "postgres": "PostgreSQL 15: fsync on, synchronous_commit on (each statement is a transaction that answers "
-                "after its WAL is fsynced; concurrent commits share fsyncs), shared_buffers 1 GB.",
-}
 
 # The goals for locks, as data: Queen's lock-cycle pairs/s against a peer's best.
 LOCK_GOALS = (
@@ -59,8 +48,6 @@ TXN_OVER_POSTGRES = 3.0
 TIMER_P99_TARGET_US = 60_000
 TIMER_GOAL_WORKLOAD = "timer-fire pending=1M"
 
-# Systems that answer a write only after an fsync covers it.
-DURABLE_SYSTEMS = frozenset(("queen", "redis-aof", "etcd", "postgres"))
 # A server whose WAL spent at least this share of the window inside write+fsync was disk-bound.
 DISK_BUSY_PCT = 80.0
 

@@ -1,4 +1,4 @@
-"""The server's configuration: one frozen object, resolved once in cli.py, passed explicitly.
+"""The server's configuration: one frozen object, resolved once in queen/cli/serve.py, passed explicitly.
 
 Every field carries its unit in its name, a default, and the reason for that default. The CLI
 builds its flags and QUEEN_* environment variables from these fields, so `queen serve --help`

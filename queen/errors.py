@@ -1,7 +1,7 @@
 """The one exception family for operating errors, and the refusals that stop a start.
 
 A QueenError is raised before any state changes and mapped to HTTP in exactly one place
-(queen/http/connection.py, error_response). Normal outcomes (a held lock, a missed expect) are
+(queen/http/wire.py, error_response). Normal outcomes (a held lock, a missed expect) are
 results, never exceptions. Error codes are snake_case, always.
 """
 

@@ -410,8 +410,15 @@ class open_server:
         return self.server
 
     async def __aexit__(self, *exc):
+        for client in [client for client in _open_clients if client.port == self.server.port]:
+            await client.aclose()  # a test's keep-alive connections end with its server
         self.server.request_shutdown()
         return await self._nursery_manager.__aexit__(*exc)
+
+
+# HttpClients with a connection open, held (strongly: a client a test made inline is dropped right
+# after its call) until they or their server close, so no socket is left to the garbage collector.
+_open_clients: set = set()
 
 
 class HttpClient:
@@ -430,6 +437,7 @@ class HttpClient:
         if self._stream is None:
             self._stream = await trio.open_tcp_stream("127.0.0.1", self.port)
             self._conn = h11.Connection(h11.CLIENT)
+            _open_clients.add(self)
         conn = self._conn
         data = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
         head = [("host", "queen"), ("content-length", str(len(data))), ("content-type", "application/json"),
@@ -463,6 +471,7 @@ class HttpClient:
         return body["results"]
 
     async def aclose(self):
-        if self._stream is not None:
-            await self._stream.aclose()
-        self._stream = self._conn = None
+        _open_clients.discard(self)
+        stream, self._stream, self._conn = self._stream, None, None
+        if stream is not None:
+            await stream.aclose()

@@ -74,7 +74,7 @@ Queues (kinds 16-30; every count and id is an integer, every name a string):
   roaring bitmap in the portable format, [offset, retry_count, ...] and [offset, error, at_ms, ...] of its DLQ); a partition's
   producer ids with their packed entries, oldest first; a partition's next offset and the offset
   below which everything was removed (its messages may all be gone); a partition's retained
-  messages, packed, as three byte strings (queen/core/queues.py owns both packed layouts).
+  messages, packed, as three byte strings (queen/core/queues/packed.py owns both packed layouts).
 - group_partition_32 is group_partition as builds before 64-bit offsets wrote it: the resolved
   offsets as a 32-bit roaring bitmap. This build reads it and never writes it.
 

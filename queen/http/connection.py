@@ -168,9 +168,12 @@ class HttpStatistics:
 
 
 class HttpServer:
-    def __init__(self, app, config: Config, connections_allowed: int | None = None):
+    def __init__(self, app, config: Config, connections_allowed: int | None = None, receive=None):
+        """receive(sock) -> bytes: how a connection reads its requests (a seam for tests that need a
+        moment between a request's bytes arriving and its task going on)."""
         self.app = app
         self.config = config
+        self.receive = receive or _receive
         self.connections_allowed = connections_allowed or config.connections_max
         self.connections = 0
         self.requests_in_flight = 0
@@ -345,7 +348,7 @@ class HttpServer:
                 connection.phase = IDLE
                 connection.deadline = trio.current_time() + config.idle_timeout_s
                 idle[connection] = None
-                pending = await _receive(sock)
+                pending = await self.receive(sock)
                 idle.pop(connection, None)
                 if not pending or connection.evicted:
                     # Evicted to make room after its request arrived but before this task ran on:
@@ -437,7 +440,7 @@ class HttpServer:
                 if conn.they_are_waiting_for_100_continue and not continue_sent:
                     await _send_all(sock, b"HTTP/1.1 100 Continue\r\n\r\n")
                     continue_sent = True
-                data = await _receive(sock)
+                data = await self.receive(sock)
                 lines.feed(data)
                 conn.receive_data(data)
                 continue

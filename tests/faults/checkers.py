@@ -65,6 +65,15 @@ Lock-protected read-modify-write (`check_set_full`):
   with its element appended, in a transaction guarded by its lock token. answered: "added" (the
   step committed), "refused" (the guard failed: nothing written) or "unknown".
 * `Read(elements, invoked_at, completed_at)`: a read of the list (a tuple, in list order).
+
+Multi-section transactions (`check_transactions`):
+
+* `Step(n, answered)`: transaction n of a chain, each of which puts row k<n>, acks source message
+  n, pushes outbox message push-<n>, schedules timer t-<n> and cancels t-<n-1>; answered
+  "success", "unknown", or the reason it missed.
+* `TxnState(rows, source_count, source_left, outbox, pending)`: what the server holds afterwards:
+  rows {n: value or None}, the transactionIds of the source messages never acked, those of the outbox
+  messages (a list: a duplicate shows twice), the keys of the pending timers.
 """
 
 from __future__ import annotations
@@ -536,3 +545,70 @@ def check_set_full(adds: list[Add], reads: list[Read]) -> list[dict]:
             if add.answered == "added" and add.completed_at < read.invoked_at and add.element not in present:
                 violations.append({"kind": "lost", "add": _ev(add), "read": _ev(read)})
     return violations
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-section transactions
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    n: int
+    answered: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TxnState:
+    rows: dict
+    source_count: int  # source messages src-0 .. src-<count - 1>, all held by the chain's lease
+    source_left: frozenset
+    outbox: tuple
+    pending: frozenset
+
+
+def check_transactions(steps: list[Step], state: TxnState) -> list[dict]:
+    """Check a chain of four-section transactions after crashes.
+
+    Whether transaction n applied is read from its KV row. "lost": a transaction answered
+    success did not apply. "applied_after_miss": one answered a miss applied. "partial": a section's
+    effect disagrees with its row (its ack, its push, its timer, or the previous one's cancel; a row
+    with a value the transaction never wrote). "twice": an outbox message more than once."""
+    violations: list[dict] = []
+    sent = len(steps)
+    applied = {}
+    for step in steps:
+        value = state.rows.get(step.n)
+        done = value is not None
+        applied[step.n] = done
+        if value is not None and value != f"v{step.n}":
+            violations.append({"kind": "partial", "n": step.n, "section": "kv", "value": value})
+        if step.answered == "success" and not done:
+            violations.append({"kind": "lost", "n": step.n})
+        if step.answered not in ("success", "unknown") and done:
+            violations.append({"kind": "applied_after_miss", "n": step.n, "answered": step.answered})
+    outbox = defaultdict(int)
+    for transaction_id in state.outbox:
+        outbox[transaction_id] += 1
+    for transaction_id, count in outbox.items():
+        if count > 1:
+            violations.append({"kind": "twice", "message": transaction_id, "count": count})
+    for n in range(sent):
+        done = applied[n]
+        cancelled_by_next = n + 1 < sent and applied[n + 1]
+        expected = {"ack": done, "push": done, "timers": done and not cancelled_by_next}
+        seen = {"ack": f"src-{n}" not in state.source_left, "push": f"push-{n}" in outbox,
+                "timers": f"t-{n}" in state.pending}
+        for section, effect in expected.items():
+            if seen[section] != effect:
+                violations.append({"kind": "partial", "n": n, "section": section, "applied": done,
+                                   "seen": seen[section]})
+    sent_pushes = {f"push-{n}" for n in range(sent)}
+    sent_timers = {f"t-{n}" for n in range(sent)}
+    violations += [{"kind": "partial", "section": "push", "message": m, "sent": False}
+                   for m in outbox if m not in sent_pushes]
+    violations += [{"kind": "partial", "section": "timers", "timer": key, "sent": False}
+                   for key in state.pending if key not in sent_timers]
+    violations += [{"kind": "partial", "section": "ack", "message": f"src-{n}", "sent": False}
+                   for n in range(sent, state.source_count) if f"src-{n}" not in state.source_left]
+    return violations
+

@@ -18,11 +18,14 @@ from tests.faults.checkers import (
     Release,
     Renewal,
     Schedule,
+    Step,
     TimerDelivery,
+    TxnState,
     check_leases,
     check_set_full,
     check_timers,
     check_total_queue,
+    check_transactions,
 )
 
 
@@ -490,3 +493,45 @@ def test_a_renewal_answered_in_the_same_ms_as_its_grant_sets_the_window_even_whe
     # and the window does end at the renewal's expiresAt: a grant inside it is still caught
     inside = [*events[:2], dataclasses.replace(events[2], invoked_at=1500, completed_at=1500)]
     assert check_leases(inside, 2)
+
+
+# -- transactions ---------------------------------------------------------------------------------
+
+def _txn_state(applied: list[bool], **changes) -> TxnState:
+    """What the server would hold after the steps marked applied, all or nothing each."""
+    sent = len(applied)
+    fields = dict(rows={n: f"v{n}" if done else None for n, done in enumerate(applied)}, source_count=sent + 2,
+                  source_left=frozenset({f"src-{n}" for n, done in enumerate(applied) if not done}
+                                        | {f"src-{sent}", f"src-{sent + 1}"}),
+                  outbox=tuple(f"push-{n}" for n, done in enumerate(applied) if done),
+                  pending=frozenset(f"t-{n}" for n, done in enumerate(applied)
+                                    if done and not (n + 1 < sent and applied[n + 1])))
+    fields.update(changes)
+    return TxnState(**fields)
+
+
+STEPS = [Step(n=0, answered="success"), Step(n=1, answered="unknown"), Step(n=2, answered="success"),
+         Step(n=3, answered="unknown")]
+
+
+def test_transactions_all_or_nothing_with_unknown_outcomes_either_way_pass():
+    assert check_transactions(STEPS, _txn_state([True, False, True, True])) == []
+    assert check_transactions(STEPS, _txn_state([True, True, True, False])) == []
+
+
+def test_a_transaction_with_one_section_missing_is_partial():
+    state = _txn_state([True, False, True, True])
+    for changed in ({"outbox": ("push-0", "push-3")}, {"source_left": state.source_left | {"src-2"}},
+                    {"pending": frozenset({"t-0", "t-2", "t-3"})}, {"source_left": state.source_left - {"src-4"}}):
+        violations = check_transactions(STEPS, _txn_state([True, False, True, True], **changed))
+        assert [v["kind"] for v in violations] == ["partial"], (changed, violations)
+
+
+def test_an_acknowledged_transaction_lost_and_a_message_pushed_twice_are_caught():
+    violations = check_transactions(STEPS, _txn_state([True, False, False, True]))
+    assert {"kind": "lost", "n": 2} in violations
+    twice = check_transactions(STEPS, _txn_state([True, False, True, True], outbox=("push-0", "push-2", "push-2",
+                                                                                    "push-3")))
+    assert [v["kind"] for v in twice] == ["twice"]
+    refused = check_transactions([Step(n=0, answered="lease_lost")], _txn_state([True]))
+    assert [v["kind"] for v in refused] == ["applied_after_miss"]

@@ -16,6 +16,9 @@ replays the same workload and the same crash plan, not the same interleaving.
   delivered after its completion, and no partition leased to two consumers at once (P1, P6).
 - timers: keys scheduled, moved and cancelled; the timer queue consumed. Never early, exactly
   once, never after a cancel or a move (P1, P5).
+- transactions: a chain of steps, each putting a row, acking a held message, pushing a message,
+  scheduling a timer and cancelling the previous step's: every step all or nothing, every
+  acknowledged one there (P1, P10).
 
 Times are the wall clock in ms on both sides (one machine); checkers allow TOLERANCE_MS. Nothing
 sleeps for time to pass: clients wait on the real process (answers, long polls, restarts).
@@ -42,12 +45,15 @@ from tests.faults.checkers import (
     Release,
     Renewal,
     Schedule,
+    Step,
     TimerDelivery,
+    TxnState,
     ack_answer,
     check_leases,
     check_set_full,
     check_timers,
     check_total_queue,
+    check_transactions,
     partition_grant,
     partition_release,
     pop_deliveries,
@@ -504,4 +510,80 @@ def run_timers(work_dir: str, seed: int, kills: int = 3, control: str = "", scal
     return _finish(outcome, target, clients)
 
 
-WORKLOADS = {"kv": run_kv, "locks": run_locks, "queues": run_queues, "timers": run_timers}
+# -- transactions --------------------------------------------------------------------------------
+
+SOURCE, OUTBOX, LATER = "src", "outbox", "later"  # queues a step acks from, pushes to, schedules in
+OUT_PARTITIONS = 4
+
+
+def _step(n: int, lease_id: int, message: dict) -> dict:
+    return {
+        "kv": [{"op": "put", "ns": "txn", "key": f"k{n}", "value": f"v{n}", "forever": True}],
+        "ack": [{"partitionId": message["partitionId"], "leaseId": lease_id, "offset": message["offset"]}],
+        "push": [{"queue": OUTBOX, "partition": f"o{n % OUT_PARTITIONS}", "payload": {"n": n},
+                  "transactionId": f"push-{n}"}],
+        "timers": [{"op": "schedule", "queue": LATER, "key": f"t-{n}", "delayMs": 3_600_000, "payload": {"n": n}},
+                   {"op": "cancel", "queue": LATER, "key": f"t-{n - 1}"}],
+    }
+
+
+def _drain(client: JsonClient, queue: str, partitions: list[str]) -> list[str]:
+    """The transactionIds of every message of the partitions."""
+    got = []
+    for partition in partitions:
+        answer = client.request("GET", f"/api/v1/pop/queue/{queue}/partition/{partition}?batch=1000&autoAck=true")
+        got += [m["transactionId"] for m in answer["messages"]] if answer["success"] else []
+    return got
+
+
+def run_transactions(work_dir: str, seed: int, kills: int = 3, control: str = "", scale: float = 1.0,
+                     power_loss_share: float = 0.5, failpoint_share: float = 0.4) -> Outcome:
+    rng = random.Random(seed)
+    count = max(50, min(1000, int(600 * scale)))  # source messages, one step each
+    steps: list[Step] = []
+    target = start_target(work_dir, control)
+    setup = JsonClient(target)
+    # One lease holds every source message for the whole run; crashes do not end it.
+    assert setup.request("POST", "/api/v1/configure", {"queue": SOURCE, "options": {
+        "leaseTimeSeconds": 3600}})["configured"]
+    assert setup.request("POST", "/api/v1/push", {"items": [
+        {"queue": SOURCE, "partition": "a", "payload": n, "transactionId": f"src-{n}"} for n in range(count)]})
+    held = setup.request("GET", f"/api/v1/pop/queue/{SOURCE}?batch={count}")
+    lease_id, messages = held["leaseId"], held["messages"]
+    assert [m["transactionId"] for m in messages] == [f"src-{n}" for n in range(count)]
+    setup.close()
+
+    def chain(target: Target) -> None:
+        client = JsonClient(target)
+        for n in range(count):
+            answer = client.request("POST", "/api/v1/transaction", _step(n, lease_id, messages[n]))
+            steps.append(Step(n=n, answered="unknown" if answer is None else
+                              "success" if answer["success"] else answer["reason"]))
+        client.close()
+
+    clients = Clients()
+    clients.add(chain, target)
+    kill_while_running(target, clients.threads, lambda: len(steps), kills, rng, (20, 80), power_loss_share,
+                       failpoint_share)
+    target.restart()
+    client = JsonClient(target)
+    rows = client.request("POST", "/api/v1/kv", {"operations": [
+        {"op": "get", "ns": "txn", "key": f"k{n}"} for n in range(len(steps))]})["results"]
+    timers = client.request("GET", f"/api/v1/timers?queue={LATER}&limit=1000")
+    assert timers["cursor"] is None  # at most one per step is pending
+    assert client.request("POST", f"/api/v1/lease/{lease_id}/release", {})["success"]
+    state = TxnState(rows={n: row["value"] if row["found"] else None for n, row in enumerate(rows)},
+                     source_count=count, source_left=frozenset(_drain(client, SOURCE, ["a"])),
+                     outbox=tuple(_drain(client, OUTBOX, [f"o{n}" for n in range(OUT_PARTITIONS)])),
+                     pending=frozenset(item["key"] for item in timers["items"]))
+    client.close()
+    target.server.stop()
+    outcome = Outcome("transactions", seed, control, ops=len(steps), histories=1, promises=("P1", "P10"))
+    outcome.violations += check_transactions(steps, state)
+    unknown = sum(step.answered == "unknown" for step in steps)
+    outcome.detail = f"({sum(v is not None for v in state.rows.values())} of {len(steps)} steps applied, {unknown} unknown)"
+    return _finish(outcome, target, clients)
+
+
+WORKLOADS = {"kv": run_kv, "locks": run_locks, "queues": run_queues, "timers": run_timers,
+             "transactions": run_transactions}

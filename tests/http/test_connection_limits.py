@@ -50,6 +50,7 @@ async def test_at_the_limit_with_none_idle_or_parked_a_new_connection_gets_503(t
         raw = await read_until_closed(stream)
         assert raw.startswith(b"HTTP/1.1 503 ") and b"too_many_connections" in raw
         assert server.http.connections_refused == 1 and server.http.parks_ended == 0
+        await stream.aclose()
         for stream in busy:
             await stream.aclose()
 
@@ -165,17 +166,16 @@ async def test_a_thousand_long_polls_past_the_limit_do_not_lock_out_a_producer_o
             await stream.aclose()
 
 
-async def test_a_connection_evicted_after_its_request_arrived_does_not_run_it(tmp_path, autojump_clock, monkeypatch):
+async def test_a_connection_evicted_after_its_request_arrived_does_not_run_it(tmp_path, autojump_clock):
     """A new connection can evict an idle one after that one's request has arrived but before its
     task has run on (the accept loop ran first). The evicted connection is no longer counted and
     its socket is closed, so its request must not run: here a waiting acquire, which would be
     granted to a client that is gone and hold the lock for its whole lease."""
-    import queen.http.connection as connection_module
-
-    real_receive = connection_module._receive
     async with open_server(tmp_path / "d") as server:
-        holder = (await HttpClient(server.port).locks(
-            {"op": "acquire", "name": "busy", "ttlSeconds": 60, "owner": "holder"}))[0]
+        real_receive = server.http.receive
+        holder_client = HttpClient(server.port)
+        holder = (await holder_client.locks({"op": "acquire", "name": "busy", "ttlSeconds": 60, "owner": "holder"}))[0]
+        await holder_client.aclose()  # so the ghost is the only idle connection to evict
         await trio.testing.wait_all_tasks_blocked()
 
         async def receive_then_evicted(sock):
@@ -184,14 +184,15 @@ async def test_a_connection_evicted_after_its_request_arrived_does_not_run_it(tm
                 assert server.http._close_longest_idle()
             return data
 
-        monkeypatch.setattr(connection_module, "_receive", receive_then_evicted)
+        server.http.receive = receive_then_evicted
         ghost = await trio.open_tcp_stream("127.0.0.1", server.port)
         await trio.testing.wait_all_tasks_blocked()
         body = b'{"operations":[{"op":"acquire","name":"busy","ttlSeconds":60,"owner":"ghost","waitMs":10000}]}'
         await ghost.send_all(b"POST /api/v1/locks HTTP/1.1\r\nhost: q\r\ncontent-type: application/json\r\n"
                              b"content-length: %d\r\n\r\n%s" % (len(body), body))
         assert await read_until_closed(ghost) == b""  # closed unanswered: as if evicted a moment earlier
-        monkeypatch.setattr(connection_module, "_receive", real_receive)
+        await ghost.aclose()
+        server.http.receive = real_receive
         client = HttpClient(server.port)
         [released] = await client.locks({"op": "release", "name": "busy", "slot": 0, "token": holder["token"],
                                          "owner": "holder"})

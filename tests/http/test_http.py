@@ -158,6 +158,7 @@ async def test_a_stalled_request_is_cut_off_with_408(tmp_path, autojump_clock):
         assert 5 <= trio.current_time() - started < 6
         while await stream.receive_some(65536):
             pass  # then the server closes
+        await stream.aclose()
 
 
 async def test_an_idle_keep_alive_connection_is_closed(tmp_path, autojump_clock):
@@ -166,6 +167,7 @@ async def test_an_idle_keep_alive_connection_is_closed(tmp_path, autojump_clock)
         started = trio.current_time()
         assert await stream.receive_some(10) == b""
         assert 30 <= trio.current_time() - started < 31
+        await stream.aclose()
 
 
 async def test_metrics_and_healthz(tmp_path, autojump_clock):

@@ -246,4 +246,5 @@ async def test_http_1_0_gets_its_answer_and_the_connection_closes(tmp_path, auto
         received = b""
         while chunk := await stream.receive_some(65536):  # ends: the server closed
             received += chunk
+        await stream.aclose()
         assert received.startswith(b"HTTP/1.1 200 ") and b"connection: close\r\n" in received
