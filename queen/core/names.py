@@ -28,6 +28,16 @@ REFUSED_DESCRIPTION = "control characters (C0, DEL, C1) or bidirectional overrid
 def name(raw, field: str, code: str, bytes_max: int, index=None) -> str:
     """A name: a string of 1 to bytes_max UTF-8 bytes holding none of the refused characters;
     400 `code` otherwise."""
+    if type(raw) is str and raw.isprintable():
+        # Every refused character is unprintable (Cc or Cf), so a printable name needs no search;
+        # isprintable costs half the regex's search on the names of a batch.
+        size = len(raw) if raw.isascii() else len(raw.encode())
+        if 0 < size <= bytes_max:
+            return raw
+    return _checked(raw, field, code, bytes_max, index)
+
+
+def _checked(raw, field: str, code: str, bytes_max: int, index) -> str:
     if type(raw) is not str:
         _fail(code, f"{field} must be a string", index)
     size = len(raw) if raw.isascii() else len(raw.encode())

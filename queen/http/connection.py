@@ -342,6 +342,7 @@ class HttpServer:
         config = self.config
         sock = connection.sock
         idle = self._idle
+        answer_now = partial(self._until_room_needed, connection)  # one for the connection's requests
         pending = b""
         while True:
             if not pending:
@@ -381,7 +382,7 @@ class HttpServer:
             connection.phase = HANDLING
             connection.deadline = _NEVER
             request.wait_gone = partial(_wait_gone, buffer, sock)
-            request.answer_now = partial(self._until_room_needed, connection)
+            request.answer_now = answer_now
             self.requests_in_flight += 1
             self.requests_total += 1
             try:

@@ -109,9 +109,11 @@ def push_document(document):
 
 # -- KV -------------------------------------------------------------------------------------------------
 
-def kv_ops(raw_ops, limits: Limits):
-    """KV operations in ours: getPrefix's `after` as a cursor, incr's `delta` as `by`."""
-    if type(raw_ops) is not list:
+def kv_ops(raw_ops, limits: Limits, body: bytes | None = None):
+    """KV operations in ours: getPrefix's `after` as a cursor, incr's `delta` as `by`. With the
+    request's body, a search of its bytes for either word (JSON and CBOR both carry field names as
+    plain UTF-8) spares a batch that has neither the look at each operation."""
+    if type(raw_ops) is not list or (body is not None and b"after" not in body and b"delta" not in body):
         return raw_ops
     return [_kv_op(raw, index, limits) if type(raw) is dict and ("after" in raw or "delta" in raw) else raw
             for index, raw in enumerate(raw_ops)]
@@ -134,24 +136,25 @@ def _kv_op(raw: dict, index: int, limits: Limits) -> dict:
     return raw
 
 
-def kv_answers(ops, results: list[dict]) -> list[dict]:
-    """Our KV results with the client's names beside ours."""
-    for op, result in zip(ops, results, strict=True):
-        name = op.op
-        if name == "getMany":
-            items = result["items"]
-            result["rows"] = [item for item in items if item["found"]]
-            result["missing"] = [item["key"] for item in items if not item["found"]]
-        elif name == "getPrefix":
-            items = result["items"]
-            more = result["cursor"] is not None
-            result["rows"] = items
-            result["truncated"] = more
-            result["nextAfter"] = items[-1]["key"] if more else None
-        elif result.get("applied") is False and "current" in result:
+def kv_answers(results: list[dict]) -> list[dict]:
+    """Our KV results with the client's names beside ours. Told apart by their fields alone (a
+    write's miss has `current`, a page `items` and `cursor`, getMany `items`), so a batch of
+    writes that applied costs two dict lookups a result."""
+    for result in results:
+        if "current" in result:
             current = result["current"]
             result["value"] = current["value"]
             result["version"] = current["version"]
+        elif "items" in result:
+            items = result["items"]
+            if "cursor" in result:
+                more = result["cursor"] is not None
+                result["rows"] = items
+                result["truncated"] = more
+                result["nextAfter"] = items[-1]["key"] if more else None
+            else:
+                result["rows"] = [item for item in items if item["found"]]
+                result["missing"] = [item["key"] for item in items if not item["found"]]
     return results
 
 

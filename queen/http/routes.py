@@ -136,10 +136,10 @@ class Api:
     async def _kv_batch(self, request: Request, parts, query):
         document = decode_body(request.body, request.content_type)
         _check_batch_body(document)
-        raw_ops = queen_mq.kv_ops(document.get("operations"), self.limits)
+        raw_ops = queen_mq.kv_ops(document.get("operations"), self.limits, request.body)
         ops = parse_kv_ops(raw_ops, self.limits, values_checked=self._values_checked(request))
         has_writes = any(op.op not in READ_OPS for op in ops)
-        return {"results": queen_mq.kv_answers(ops, await self.router.run_kv(ops, has_writes))}
+        return {"results": queen_mq.kv_answers(await self.router.run_kv(ops, has_writes))}
 
     async def _kv_one_key(self, request: Request, parts, query: str):
         method = request.method
@@ -354,7 +354,7 @@ class Api:
 
     async def _one(self, raw: dict):
         op = parse_kv_op(raw, None, self.limits)
-        return queen_mq.kv_answers([op], await self.router.run_kv([op], op.op not in READ_OPS))[0]
+        return queen_mq.kv_answers(await self.router.run_kv([op], op.op not in READ_OPS))[0]
 
 
 _DLQ_PARAMS = frozenset(("queue", "consumerGroup", "partition", "cursor", "limit", "offset"))

@@ -64,9 +64,7 @@ def test_kv_after_is_an_exclusive_cursor_and_delta_is_by():
 
 
 def test_kv_answers_carry_its_names_beside_ours():
-    ops = parse_kv_ops([{"op": "getMany", "ns": "n", "keys": ["a", "b"]}, {"op": "getPrefix", "ns": "n"},
-                        {"op": "put", "ns": "n", "key": "k", "value": 1, "forever": True, "expect": 3}], LIMITS)
-    results = queen_mq.kv_answers(ops, [
+    results = queen_mq.kv_answers([
         {"items": [{"key": "a", "found": True, "value": 1}, {"key": "b", "found": False}]},
         {"items": [{"key": "a"}, {"key": "c"}], "cursor": "Yw"},
         {"applied": False, "reason": "version", "current": {"value": 2, "version": 4}}])
