@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 _SDK_NAMES = frozenset((
     "Client", "SyncClient", "Lock", "Semaphore", "SyncLock", "Transaction", "SyncTransaction", "Item", "Current",
     "Page", "WriteResult", "CheckResult", "TxnResult", "Holder", "RunResult", "LockAnswer", "ClientError", "TransportError",
-    "RequestTimeout", "ApiError", "BadRequestError", "UnavailableError", "LockLost", "LockNotAcquired",
+    "RequestTimeout", "ApiError", "BadRequestError", "UnavailableError", "LockLost", "LockNotAcquired", "Interrupted",
     "Queue", "SyncQueue", "Message", "Delivery", "Push", "PushResult", "AckResult", "Timers", "SyncTimers", "Timer",
     "TimerResult",
 ))

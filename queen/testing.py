@@ -267,13 +267,14 @@ class ServerProcess:
         self.port: int | None = None
         self.stderr_path = os.path.join(os.path.dirname(os.path.abspath(data_dir)), os.path.basename(data_dir) + ".log")
 
-    def start(self, timeout_s: float = 20.0) -> ServerProcess:
+    def start(self, timeout_s: float = 20.0, port: int = 0) -> ServerProcess:
+        """Start it on `port` (0: a free one) and wait until it listens."""
         env = dict(os.environ, **(self.env or {}))
         env.setdefault("PYTHONUNBUFFERED", "1")
         self._log = open(self.stderr_path, "ab")
         start_offset = self._log.tell()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", self.module, "serve", "--host", "127.0.0.1", "--port", "0",
+            [sys.executable, "-m", self.module, "serve", "--host", "127.0.0.1", "--port", str(port),
              "--data-dir", self.data_dir, *self.extra_args],
             stdout=subprocess.DEVNULL, stderr=self._log, env=env, preexec_fn=self._limit_open_files)
         deadline = time.monotonic() + timeout_s
@@ -290,6 +291,11 @@ class ServerProcess:
             time.sleep(0.02)  # waiting on a real process to come up, not on time to pass
         self.kill()
         raise RuntimeError(f"queen serve did not start within {timeout_s} s")
+
+    def restart(self, timeout_s: float = 20.0) -> ServerProcess:
+        """Start it again on the port it had, as a broker restarted by systemd comes back where its
+        clients look for it."""
+        return self.start(timeout_s, port=self.port)
 
     def _limit_open_files(self) -> None:
         if self.open_files_max is not None:

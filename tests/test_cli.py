@@ -266,3 +266,24 @@ def test_timer_commands_schedule_move_get_list_cancel_and_fire(server):
     assert fired.returncode == 0
     popped = queen(server, "queue", "pop", "cli-timers", "--partition", "p", "--wait", "5s", "--auto-ack")
     assert popped.returncode == 0 and popped.stdout.split("\t")[2].strip() == "ding"
+
+
+def test_timer_schedule_recurring_with_cron_or_every(server):
+    daily = queen(server, "timer", "schedule", "cli-recurring", "daily", '{"report": 1}', "--cron", "0 9 * * 1-5",
+                  "--timezone", "Europe/Berlin")
+    assert daily.returncode == 0 and daily.stdout.rstrip().endswith(", then cron 0 9 * * 1-5 (Europe/Berlin)")
+    beat = queen(server, "timer", "schedule", "cli-recurring", "beat", "1", "--every", "30s", "--in", "5m", "--json")
+    assert beat.returncode == 0 and json.loads(beat.stdout)["everyMs"] == 30_000
+    got = queen(server, "timer", "get", "cli-recurring", "daily")
+    assert got.returncode == 0 and got.stdout.splitlines()[0].endswith("\tcron 0 9 * * 1-5 (Europe/Berlin)")
+    listed = [json.loads(line) for line in queen(server, "timer", "list", "cli-recurring", "--json").stdout.splitlines()]
+    assert [(row["key"], row.get("everyMs"), row.get("cron")) for row in listed] == [
+        ("beat", 30_000, None), ("daily", None, "0 9 * * 1-5")]
+    assert queen(server, "timer", "list", "cli-recurring").stdout.splitlines()[0].endswith("\tevery 30s")
+    for usage in (("--cron", "* * * * *", "--in", "1m"), ("--every", "1m", "--timezone", "UTC"), ("--every", "500ms"),
+                  ("--cron", "* * * * *", "--every", "1m")):
+        assert queen(server, "timer", "schedule", "cli-recurring", "k", "1", *usage).returncode == 2, usage
+    for refused, code in ((("--cron", "0 9 *"), "invalid_cron"),
+                          (("--cron", "0 9 * * *", "--timezone", "Europe/Atlantis"), "unknown_timezone")):
+        answer = queen(server, "timer", "schedule", "cli-recurring", "k", "1", *refused)
+        assert answer.returncode == 65 and code in answer.stderr, answer.stderr

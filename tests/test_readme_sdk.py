@@ -88,6 +88,7 @@ def test_the_timer_curl_examples_answer_what_they_say(fresh_server):
     assert '"scheduled":true' in out and '"cancelled":false,"reason":"absent"' in out and '"found":true' in out
     assert '"key":"order-42:payment-timeout"' in out and '"key":"order-42:reminder"' in out
     assert '"success":true' in out and '"data":"ding"' in out  # the timer due now was delivered
+    assert '"cron":"0 9 * * 1-5","timezone":"Europe/Berlin"' in out and '"everyMs":30000' in out
 
 
 def test_the_transaction_curl_examples_answer_what_they_say(fresh_server):

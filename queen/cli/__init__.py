@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     command = []
-    if argv[:1] == ["run-locked"] and "--" in argv:
+    if (argv[:1] == ["run-locked"] or argv[:2] == ["queue", "consume"]) and "--" in argv:
         # Everything after `--` is the command, untouched by our option parsing.
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]

@@ -4,6 +4,7 @@ lock handle that renews in the background)."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -18,6 +19,7 @@ from queen.cli.output import (
     open_client,
     print_json,
     say_no,
+    wait_s,
 )
 
 RUN_LOCKED_USAGE = "queen run-locked NAME --ttl DURATION [--wait DURATION] -- CMD [ARGS...]"
@@ -32,7 +34,8 @@ def add_parser(commands, parents: dict) -> None:
     acquire = actions.add_parser("acquire", parents=[client], help="take a lock (exit 75 if held)")
     acquire.add_argument("name")
     acquire.add_argument("--ttl", required=True, metavar="DURATION")
-    acquire.add_argument("--wait", metavar="DURATION", help="wait up to this long (at most 60s) for a permit")
+    acquire.add_argument("--wait", metavar="DURATION", help="wait up to this long (at most 60s, or 'forever': asked "
+                         "again every 60s, keeping its place in line) for a permit")
     acquire.add_argument("--owner", help="who holds it (default: host:pid:random)")
     acquire.add_argument("--limit", type=int, default=1, metavar="N", help="permits, for a semaphore")
     acquire.set_defaults(handler=lock_acquire)
@@ -64,7 +67,8 @@ def add_parser(commands, parents: dict) -> None:
                     "cannot be reached.")
     run_locked.add_argument("name")
     run_locked.add_argument("--ttl", required=True, metavar="DURATION", help="the lease; renewed every third of it")
-    run_locked.add_argument("--wait", metavar="DURATION", help="wait up to this long for the lock (default: do not wait)")
+    run_locked.add_argument("--wait", metavar="DURATION", help="wait up to this long for the lock, or 'forever' "
+                            "(default: do not wait)")
     run_locked.add_argument("--owner", help="who holds it (default: host:pid:random)")
     run_locked.add_argument("--limit", type=int, default=1, metavar="N", help="permits, for a semaphore")
     run_locked.add_argument("--grace", default="10s", metavar="DURATION", help="between SIGTERM and SIGKILL (default: 10s)")
@@ -85,8 +89,16 @@ def _holder_line(holder, now: int) -> str:
 
 
 async def lock_acquire(args) -> int:
+    from queen.client.locks import WAIT_MS_MAX, mint_owner
+
+    wait = wait_s(args.wait, WAIT_MS_MAX / 1000)
+    owner = args.owner or mint_owner()  # the same owner at every ask, so a retry is the same acquire
     async with open_client(args) as client:
-        answer = await client.locks.acquire(args.name, ttl=args.ttl, owner=args.owner, limit=args.limit, wait=args.wait)
+        while True:
+            answer = await client.locks.acquire(args.name, ttl=args.ttl, owner=owner, limit=args.limit,
+                                                wait=None if wait is None else min(wait, WAIT_MS_MAX / 1000))
+            if answer or wait != math.inf or answer.reason != "timeout":
+                break
     if args.json:
         print_json(answer.wire)
     elif answer:
@@ -168,7 +180,8 @@ async def run_locked_command(args) -> int:
             lock = client.lock(args.name, ttl=args.ttl, owner=args.owner)
         else:
             lock = client.semaphore(args.name, args.limit, ttl=args.ttl, owner=args.owner)
-        if not await lock.acquire(wait=args.wait):
+        wait = wait_s(args.wait, None)
+        if not await lock.acquire(wait="forever" if wait == math.inf else wait):
             reason, holders = lock.refusal
             owners = ", ".join(str(h.owner) for h in holders) or "nobody"
             print(f"queen run-locked: {args.name} is {reason} (held by {owners}); not running the command", file=sys.stderr)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from datetime import UTC, datetime
 
@@ -43,14 +45,25 @@ def parents() -> dict[str, argparse.ArgumentParser]:
     return {"client": client, "lifetime": lifetime}
 
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: whoever read our output (| head) stopped reading
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the command's handler on Trio; the SDK's errors become exit statuses."""
+    """Run the command's handler on Trio; the SDK's errors become exit statuses. Ctrl-C ends it with
+    one line, and a reader that stopped reading (| head) ends it quietly: neither is a traceback."""
     import anyio
 
     from queen.client.errors import BadRequestError, ClientError
 
     try:
         return anyio.run(args.handler, args, backend="trio")
+    except KeyboardInterrupt:
+        print("queen: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
     except (ValueError, TypeError) as error:
         print(f"queen: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -60,6 +73,29 @@ def run(args: argparse.Namespace) -> int:
     except ClientError as error:  # unreachable, 503, or an answer we could not use
         print(f"queen: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush at exit cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def wait_s(text: str | None, longest_s: float | None, flag: str = "--wait") -> float | None:
+    """A --wait value in seconds: a duration, or "forever" (inf). Above `longest_s` it is a usage
+    error rather than cut short in silence (None: no bound)."""
+    from queen.client.durations import seconds
+
+    if text is None:
+        return None
+    if text == "forever":
+        return math.inf
+    value = seconds(text, flag)
+    if longest_s is not None and value > longest_s:
+        raise ValueError(f"{flag} {text}: one call waits at most {longest_s:g}s; give 'forever' to wait "
+                         "until it happens")
+    return value
 
 
 def open_client(args):

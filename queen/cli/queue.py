@@ -1,21 +1,33 @@
 """`queen queue configure|push|pop|ack|list|dlq`: one queue call each, through the SDK's
-`client.queue(name)` and `client.queues()`."""
+`client.queue(name)` and `client.queues()`; and `queen queue consume QUEUE -- CMD`, a worker that
+runs CMD once per message, on the SDK's consumer (queen/client/consumer.py): broker restarts waited
+out, leases extended while CMD runs, SIGTERM and Ctrl-C graceful."""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import subprocess
 import sys
+from functools import partial
 
 from queen.cli.output import (
     EXIT_NO,
     EXIT_OK,
+    EXIT_USAGE,
     iso,
     open_client,
     print_json,
     read_value,
     say_no,
     show_value,
+    wait_s,
 )
+
+CONSUME_USAGE = "queen queue consume QUEUE [--group G] [--concurrency N] [--dlq-exit-code CODE] -- CMD [ARGS...]"
+# How many of a failed command's stderr bytes are kept for its error (the ack's error holds 1 KiB).
+ERROR_TAIL_BYTES = 1024
 
 # flag dest -> (option, how its value converts: "duration" in seconds, "lease" whole seconds >= 1, or a type)
 _OPTION_FLAGS = {
@@ -61,7 +73,8 @@ def add_parser(commands, parents: dict) -> None:
     pop.add_argument("--partition", help="only this partition")
     pop.add_argument("--group", help="consumer group (default __QUEUE_MODE__)")
     pop.add_argument("--batch", type=int, default=1, metavar="N")
-    pop.add_argument("--wait", metavar="DURATION", help="wait up to this long (at most 60s) for a message")
+    pop.add_argument("--wait", metavar="DURATION", help="wait up to this long (at most 60s, or 'forever') for a "
+                     "message")
     pop.add_argument("--auto-ack", action="store_true", help="resolve them at once: at most once, no lease")
     pop.set_defaults(handler=queue_pop)
     ack = actions.add_parser("ack", parents=[client], help="acknowledge a delivered message")
@@ -83,6 +96,29 @@ def add_parser(commands, parents: dict) -> None:
     what.add_argument("--requeue", action="store_true", help="put every entry back, first in its partition")
     what.add_argument("--purge", action="store_true", help="drop every entry")
     dlq.set_defaults(handler=queue_dlq)
+    consume = actions.add_parser(
+        "consume", parents=[client], usage=CONSUME_USAGE, help="run a command once per message (a worker)",
+        description="Run CMD once per message of QUEUE, the payload on its stdin (a string as its text, anything "
+                    "else as JSON) and the message in its environment: QUEEN_QUEUE, QUEEN_GROUP, QUEEN_PARTITION, "
+                    "QUEEN_PARTITION_ID, QUEEN_OFFSET, QUEEN_MESSAGE_ID, QUEEN_TRANSACTION_ID, QUEEN_RETRY_COUNT, "
+                    "QUEEN_LEASE_ID, QUEEN_CREATED_AT. Exit 0 acks it completed; --dlq-exit-code sends it to the "
+                    "DLQ; any other exit acks it failed with CMD's last stderr line as the error (it comes back, "
+                    "after the queue's retry delay, up to its retry limit). The lease is extended while CMD runs. "
+                    "A broker restart is waited out. SIGTERM or Ctrl-C: no new message, running commands get "
+                    "--grace to finish, the rest goes back to the queue with its retry count unchanged; exit 0 "
+                    "after SIGTERM, 130 after Ctrl-C.")
+    consume.add_argument("queue")
+    consume.add_argument("--group", help="consumer group (default __QUEUE_MODE__)")
+    consume.add_argument("--concurrency", type=int, default=1, metavar="N", help="commands running at once "
+                         "(each its own lease; default 1)")
+    consume.add_argument("--batch", type=int, default=1, metavar="N", help="messages per pop (default 1)")
+    consume.add_argument("--wait", default="30s", metavar="DURATION", help="how long one pop waits (at most 60s; "
+                         "the worker waits again for as long as it runs)")
+    consume.add_argument("--grace", default="10s", metavar="DURATION", help="how long running commands get to "
+                         "finish after SIGTERM or Ctrl-C (default 10s)")
+    consume.add_argument("--dlq-exit-code", type=int, default=None, metavar="CODE", help="this exit status sends "
+                         "the message to the DLQ at once")
+    consume.set_defaults(handler=queue_consume, cmd=[])
 
 
 def _options(args) -> dict:
@@ -131,9 +167,16 @@ async def queue_push(args) -> int:
 
 
 async def queue_pop(args) -> int:
+    from queen.client.queues import WAIT_MS_MAX
+
+    wait = wait_s(args.wait, WAIT_MS_MAX / 1000)
     async with open_client(args) as client:
-        delivery = await client.queue(args.queue).pop(group=args.group, batch=args.batch, partition=args.partition,
-                                                      wait=args.wait, auto_ack=args.auto_ack)
+        while True:
+            delivery = await client.queue(args.queue).pop(
+                group=args.group, batch=args.batch, partition=args.partition,
+                wait=None if wait is None else min(wait, WAIT_MS_MAX / 1000), auto_ack=args.auto_ack)
+            if delivery.messages or wait != math.inf:
+                break
     if args.json:
         print_json({"leaseId": delivery.lease_id, "expiresAt": delivery.expires_at_ms, "reason": delivery.reason,
                     "messages": [{"partition": m.partition, "partitionId": m.partition_id, "offset": m.offset,
@@ -199,3 +242,86 @@ async def queue_dlq(args) -> int:
             print(f"{entry['consumerGroup']}\t{entry['partition']}\t{entry['offset']}\tretry {entry['retryCount']}"
                   f"\t{entry['error'] or '-'}\t{show_value(entry['data'])}")
     return EXIT_OK if entries else EXIT_NO
+
+
+async def queue_consume(args) -> int:
+    import signal
+
+    import anyio
+
+    from queen.client.durations import seconds
+
+    command = args.cmd
+    if not command:
+        print(f"queen queue consume: no command given; usage: {CONSUME_USAGE}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.concurrency < 1:
+        raise ValueError("--concurrency must be 1 or more")
+    grace_s = seconds(args.grace, "--grace")
+    wait_s(args.wait, 60.0)
+    stop = anyio.Event()
+    signalled: list[int] = []
+
+    async def run_command(message) -> None:
+        env = dict(os.environ, QUEEN_QUEUE=message.queue, QUEEN_GROUP=message.consumer_group,
+                   QUEEN_PARTITION=message.partition, QUEEN_PARTITION_ID=str(message.partition_id),
+                   QUEEN_OFFSET=str(message.offset), QUEEN_MESSAGE_ID=str(message.message_id),
+                   QUEEN_TRANSACTION_ID=message.transaction_id, QUEEN_RETRY_COUNT=str(message.retry_count),
+                   QUEEN_LEASE_ID=str(message.lease_id), QUEEN_CREATED_AT=str(message.created_at_ms))
+        process = await anyio.open_process(command, stdin=subprocess.PIPE, stdout=None, stderr=subprocess.PIPE,
+                                           env=env)
+        tail = b""
+        async with process:
+            async with anyio.create_task_group() as streams:
+                async def feed() -> None:
+                    try:
+                        await process.stdin.send(show_value(message.data).encode())
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        pass  # it did not read its stdin: fine
+                    await process.stdin.aclose()
+
+                streams.start_soon(feed)
+                async for chunk in process.stderr:  # passed on as it comes, its end kept for the error
+                    sys.stderr.buffer.write(chunk)
+                    sys.stderr.buffer.flush()
+                    tail = (tail + chunk)[-ERROR_TAIL_BYTES:]
+            returncode = await process.wait()
+        if returncode == 0:
+            return
+        lines = [line for line in tail.decode(errors="replace").splitlines() if line.strip()]
+        error = lines[-1] if lines else f"exit status {returncode}"
+        if args.dlq_exit_code is not None and returncode == args.dlq_exit_code:
+            await message.dead_letter(error)
+            return
+        raise CommandFailed(error)
+
+    working = anyio.CancelScope()
+
+    async def on_signals() -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+            async for signum in received:
+                signalled.append(signum)
+                if len(signalled) > 1:
+                    working.cancel()  # a second signal: no more grace (leases are still released)
+                    continue
+                print(f"queen queue consume: {signal.Signals(signum).name}: stopping (running commands get "
+                      f"{args.grace})", file=sys.stderr)
+                stop.set()
+
+    async with open_client(args) as client:
+        queue = client.queue(args.queue)
+        async with anyio.create_task_group() as workers:
+            workers.start_soon(on_signals)
+            with working:
+                async with anyio.create_task_group() as loops:
+                    for _ in range(args.concurrency):
+                        loops.start_soon(partial(queue.process, run_command, group=args.group, batch=args.batch,
+                                                 wait=args.wait, grace=grace_s, stop=stop, handle_signals=False))
+            workers.cancel_scope.cancel()
+    if signal.SIGINT in signalled:
+        raise KeyboardInterrupt
+    return EXIT_OK
+
+
+class CommandFailed(Exception):
+    """A consumed command exited with a status other than 0: its last stderr line is the error."""

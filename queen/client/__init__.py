@@ -6,6 +6,7 @@ from queen.client.errors import (
     ApiError,
     BadRequestError,
     ClientError,
+    Interrupted,
     LockLost,
     LockNotAcquired,
     RequestTimeout,
@@ -23,6 +24,6 @@ __all__ = [
     "DEFAULT_URL", "Client", "SyncClient", "Lock", "Semaphore", "SyncLock", "Transaction", "SyncTransaction",
     "Item", "Current", "Page", "WriteResult", "CheckResult", "TxnResult", "Holder", "RunResult", "LockAnswer",
     "ClientError", "TransportError", "RequestTimeout", "ApiError", "BadRequestError", "UnavailableError",
-    "LockLost", "LockNotAcquired", "Queue", "SyncQueue", "Message", "Delivery", "Push", "PushResult", "AckResult",
+    "LockLost", "LockNotAcquired", "Interrupted", "Queue", "SyncQueue", "Message", "Delivery", "Push", "PushResult", "AckResult",
     "Timers", "SyncTimers", "Timer", "TimerResult",
 ]

@@ -62,6 +62,15 @@ class LockLost(ClientError):
         self.reason = reason
 
 
+class Interrupted(SystemExit):
+    """Ctrl-C stopped a worker's `process()` after its graceful stop (handlers finished or cut,
+    acks sent, leases released). Uncaught, the program exits with 130, the shell's code for
+    Ctrl-C, with no traceback; catch it (or SystemExit) to go on instead."""
+
+    def __init__(self) -> None:
+        super().__init__(130)
+
+
 class LockNotAcquired(ClientError):
     """`hold()` could not take the lock, so its block did not run. `reason` is the broker's
     ("held", or "timeout" after a wait) and `holders` who has it."""

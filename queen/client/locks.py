@@ -18,6 +18,7 @@ Never: blocks the event loop, or raises out of the background renewer (its failu
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import socket
@@ -237,13 +238,14 @@ class Lock:
         return answer["results"][0]
 
     async def acquire(self, wait=None) -> bool:
-        """Take a permit; with `wait` ("10s", a timedelta, seconds), wait up to that long for one
-        (the broker hands freed permits to waiters first come, first served). True if we hold it."""
+        """Take a permit; with `wait` ("10s", a timedelta, seconds, or "forever"), wait up to that
+        long for one (the broker hands freed permits to waiters first come, first served; past its
+        longest wait, 60 s, the call is made again). True if we hold it."""
         if self.held:
             return True
         if self.auto_renew:
             self._client._require_task_group()
-        wait_s = seconds(wait, "wait") if wait is not None else 0.0
+        wait_s = math.inf if wait == "forever" else seconds(wait, "wait") if wait is not None else 0.0
         give_up_at = anyio.current_time() + wait_s
         transport = self._client._transport
         while True:
@@ -475,13 +477,18 @@ class Locks:
 
     async def acquire(self, name: str, *, ttl, owner: str | None = None, limit: int = 1,
                       wait=None) -> LockAnswer:
-        """Take a permit of `name` (one of `limit`) for `ttl`; `wait` ("10s", at most 60 s) parks
-        the call until one frees. The owner (generated when not given) makes the call safe to retry."""
+        """Take a permit of `name` (one of `limit`) for `ttl`; `wait` ("10s", at most 60 s: one call
+        waits at most that long on the broker; a lock handle waits longer by asking again) parks the
+        call until one frees. The owner (generated when not given) makes the call safe to retry."""
         op = {"op": "acquire", "name": name, "ttlSeconds": ttl_seconds(ttl), "owner": owner or mint_owner()}
         if limit != 1:
             op["limit"] = limit
         if wait is not None:
-            op["waitMs"] = int(min(seconds(wait, "wait"), 60) * 1000)
+            wait_ms = int(seconds(wait, "wait") * 1000)
+            if wait_ms > WAIT_MS_MAX:
+                raise ValueError(f"wait {wait!r} is longer than one call may wait ({WAIT_MS_MAX // 1000}s); "
+                                 "a lock handle (client.lock(...).acquire(wait=...)) waits longer")
+            op["waitMs"] = wait_ms
         [result] = await self.call(op)
         return LockAnswer.from_wire(name, "acquired", result)
 

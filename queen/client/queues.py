@@ -25,6 +25,9 @@ uses: its messages come back when it expires).
 from __future__ import annotations
 
 import inspect
+import logging
+import signal
+import threading
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,8 +36,12 @@ from urllib.parse import quote, urlencode
 
 import anyio
 
+from queen.client import consumer
 from queen.client.durations import seconds as seconds_of
+from queen.client.errors import Interrupted
 from queen.client.kv import given
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_GROUP = "__QUEUE_MODE__"
 WAIT_MS_MAX = 60_000  # the server parks a pop at most this long
@@ -98,6 +105,7 @@ class Message:
     consumer_group: str
     _queue: Queue | None = field(default=None, repr=False)
     settled: bool = field(default=False, repr=False)
+    settled_as: str | None = field(default=None, repr=False)  # the status the handler acked it with
 
     @property
     def created_at(self) -> datetime:
@@ -130,6 +138,7 @@ class Message:
 
     def _settle(self, status: str, error: str | None):
         self.settled = True
+        self.settled_as = status
         return self._queue.ack(self, status, error=error)
 
 
@@ -175,7 +184,12 @@ class AckResult:
 
 
 def _wait_ms(wait) -> int:
-    return 0 if wait is None else min(WAIT_MS_MAX, int(seconds_of(wait) * 1000))
+    """A pop's wait in ms; above the broker's longest wait it is refused, never cut short in silence."""
+    wait_ms = 0 if wait is None else int(seconds_of(wait, "wait") * 1000)
+    if wait_ms > WAIT_MS_MAX:
+        raise ValueError(f"wait {wait!r} is longer than a pop may wait ({WAIT_MS_MAX // 1000}s): consume() and "
+                         "process() wait again for as long as they run")
+    return wait_ms
 
 
 class Queue:
@@ -283,79 +297,89 @@ class Queue:
     def consume(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
                 lease=None) -> AsyncIterator[Message]:
         """Every message of the queue for `group`, one at a time, forever (see the module docstring
-        for how they are acked and what leaving the loop does). Needs `async with queen.Client()`."""
+        for how they are acked and what leaving the loop does); a broker restart or a dropped
+        connection is waited out (queen/client/consumer.py). Needs `async with queen.Client()`."""
         return self.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease)
 
     async def process(self, handler: Callable[[Message], object | Awaitable[object]], *, group: str | None = None,
-                      batch: int = 1, partitions: int = 1, wait="30s", lease=None) -> None:
-        """Run handler(message) for every message, forever: its return acks "completed", its
-        exception acks "failed" with the error's text. Cancel the call to stop; what was handled
-        is acked and the lease released. Needs `async with queen.Client()`."""
-        steps = self.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease)
-        failure: Exception | None = None
-        try:
-            while True:
-                message = await steps.asend(failure)
-                try:
-                    outcome = handler(message)
-                    if inspect.isawaitable(outcome):
-                        await outcome
-                    failure = None
-                except Exception as error:  # noqa: BLE001 - the handler's failure is the message's
-                    failure = error
-        finally:
-            with anyio.CancelScope(shield=True):
-                await steps.aclose()
+                      batch: int = 1, partitions: int = 1, wait="30s", lease=None, grace="10s",
+                      stop=None, handle_signals: bool = True) -> None:
+        """Run handler(message) for every message: its return acks "completed", its exception
+        acks "failed" with the error's text. Goes on through broker restarts and dropped
+        connections. Stops gracefully when `stop` (an asyncio.Event, trio.Event or anyio.Event)
+        is set, or on SIGTERM or Ctrl-C (handle_signals, in the main thread): no new pop, the
+        running handler gets up to `grace` to finish, what finished is acked and the lease
+        released, so the rest is delivered again at once with its retry count unchanged; a second
+        signal cuts the grace short. Returns after a stop or SIGTERM; raises queen.Interrupted
+        (exit 130, no traceback) after Ctrl-C. Cancelling the call stops it at once, with the
+        same acks and release. Needs `async with queen.Client()`."""
+        grace_s = seconds_of(grace, "grace")
+        stopping = anyio.Event()
+        signalled: list[int] = []
+        handling = anyio.CancelScope()  # the running handler's: a stop gives it grace_s more
+        handling.cancel()  # nothing runs yet
 
-    async def deliveries(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
-                         lease=None) -> AsyncGenerator[Message, Exception | None]:
-        """The one delivery loop behind consume() and process(), async and blocking alike: pops,
-        yields each message and is sent back how handling it went (None: done, acked "completed"
-        with the next pop's batch unless it was settled; an exception: acked "failed" at once with
-        what its partition completed before it, and the rest of that partition skipped: its lease
-        ended with the failure, so it comes back). Closing it acks what was done and releases the
-        lease, so the rest goes to the next consumer with retry counts unchanged."""
-        self._client._require_task_group()
-        lease_s = seconds_of(lease) if lease is not None else await self._lease_time_s()
-        while True:
-            delivery = await self.pop(group=group, batch=batch, partitions=partitions, wait=wait)
-            if not delivery.messages:
-                continue
-            keeper = _LeaseKeeper(self, delivery.lease_id, lease_s)
-            self._client._start(keeper.run)
-            handled: list[Message] = []
-            finished = False
+        def begin_stop(hard: bool) -> None:
+            if stopping.is_set() or hard:
+                handling.cancel()
+            else:
+                handling.deadline = min(handling.deadline, anyio.current_time() + grace_s)
+            stopping.set()
+
+        steps = self.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease,
+                                stopping=stopping)
+        async with anyio.create_task_group() as watchers:
+            if stop is not None:
+                async def relay_stop() -> None:
+                    await stop.wait()
+                    begin_stop(False)
+
+                watchers.start_soon(relay_stop)
+            if handle_signals and threading.current_thread() is threading.main_thread():
+                async def on_signals() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+                        async for signum in received:
+                            logger.info("event=consumer_stopping queue=%s signal=%s grace_s=%s", self.name,
+                                        signal.Signals(signum).name, grace_s)
+                            signalled.append(signum)
+                            begin_stop(len(signalled) > 1)
+
+                watchers.start_soon(on_signals)
             try:
-                failed_partitions: set[int] = set()
-                for message in delivery.messages:
-                    if message.partition_id in failed_partitions:
-                        continue
-                    failure = yield message
-                    if failure is None:
-                        if not message.settled:
-                            handled.append(message)
-                        continue
-                    done = [m for m in handled if m.partition_id == message.partition_id]
-                    handled = [m for m in handled if m.partition_id != message.partition_id]
-                    wire = [m.ack_wire() for m in done]
-                    wire.append(message.ack_wire("failed", str(failure)[:1024] or type(failure).__name__))
-                    await self._transport.call("POST", "/api/v1/ack/batch", {"acknowledgments": wire}, safe=True)
-                    failed_partitions.add(message.partition_id)
-                finished = True
+                failure: Exception | None = None
+                while True:
+                    try:
+                        message = await steps.asend(failure)
+                    except StopAsyncIteration:
+                        break
+                    handling = anyio.CancelScope(deadline=anyio.current_time() + grace_s if stopping.is_set()
+                                                 else float("inf"))
+                    failure = None
+                    with handling:
+                        try:
+                            outcome = handler(message)
+                            if inspect.isawaitable(outcome):
+                                await outcome
+                        except Exception as error:  # noqa: BLE001 - the handler's failure is the message's
+                            failure = error
+                    if handling.cancelled_caught:
+                        logger.warning("event=handler_cut queue=%s offset=%s partition=%s grace_s=%s", self.name,
+                                       message.offset, message.partition, grace_s)
+                        break  # not finished: released with the lease, delivered again unchanged
             finally:
-                keeper.stop()
                 with anyio.CancelScope(shield=True):
-                    await self._close_delivery(delivery, handled, finished)
+                    await steps.aclose()
+                watchers.cancel_scope.cancel()
+        if signal.SIGINT in signalled:
+            logger.warning("queen: interrupted; the worker on %r stopped, its leases released", self.name)
+            raise Interrupted
 
-    async def _close_delivery(self, delivery: Delivery, handled: list[Message], finished: bool) -> None:
-        """Ack what was handled; when the loop was left early, give the rest of the lease back."""
-        try:
-            if handled:
-                await self.ack_many(handled)
-            if not finished and delivery.lease_id is not None:
-                await self.release(delivery.lease_id)
-        except Exception:  # noqa: BLE001 - the broker is unreachable: the lease will expire on its own
-            pass
+    def deliveries(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s", lease=None,
+                   stopping: anyio.Event | None = None) -> AsyncGenerator[Message, Exception | None]:
+        """The one delivery loop behind consume() and process(), async and blocking alike
+        (queen/client/consumer.py): yields each message and is sent back how handling it went."""
+        return consumer.deliveries(self, group=group, batch=batch, partitions=partitions, wait=wait, lease=lease,
+                                   stopping=stopping)
 
     async def _lease_time_s(self) -> float:
         info = await self.info()
@@ -398,29 +422,3 @@ class Queue:
     async def delete(self) -> bool:
         answer = await self._transport.call("DELETE", f"/api/v1/resources/queues/{quote(self.name, safe='')}", safe=True)
         return answer["deleted"]
-
-
-class _LeaseKeeper:
-    """Extends a delivery's lease every third of its lifetime until stopped or lost."""
-
-    def __init__(self, queue: Queue, lease_id: int | None, lease_s: float):
-        self.queue = queue
-        self.lease_id = lease_id
-        self.lease_s = max(1.0, lease_s)
-        self._stopped = anyio.Event()
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    async def run(self) -> None:
-        if self.lease_id is None:
-            return
-        while True:
-            with anyio.move_on_after(self.lease_s / 3):
-                await self._stopped.wait()
-                return
-            try:
-                if not await self.queue.extend(self.lease_id, int(round(self.lease_s))):
-                    return  # lost: the acks will say so
-            except Exception:  # noqa: BLE001 - try again at the next third; the lease may still hold
-                continue

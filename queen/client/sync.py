@@ -20,8 +20,11 @@ on_lost callbacks run on the client's loop thread.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import ctypes
 import functools
+import logging
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -30,12 +33,14 @@ import anyio
 from anyio.from_thread import BlockingPortal
 
 from queen.client.client import Client
-from queen.client.errors import LockLost, LockNotAcquired
+from queen.client.errors import Interrupted, LockLost, LockNotAcquired
 from queen.client.kv import PAGE_ITEMS_MAX, Item, Kv
 from queen.client.locks import Holder, Lock, Locks, RunResult
 from queen.client.queues import Delivery, Message, Queue
 from queen.client.timers import Timer, Timers
 from queen.client.txn import TxnKv, TxnResult
+
+logger = logging.getLogger(__name__)
 
 
 def _blocking(async_method):
@@ -101,7 +106,7 @@ class SyncClient:
         atexit.unregister(self.close)
         portal, self._portal = self._portal, None
         if portal is not None:
-            portal.call(portal.stop)
+            portal.call(portal.stop, True)  # calls in flight (a parked pop) are cancelled, not awaited
             self._thread.join()
 
     def __enter__(self) -> SyncClient:
@@ -323,10 +328,11 @@ class SyncTransaction:
     def queue(self, name: str) -> _SyncTxnQueue:
         return _SyncTxnQueue(self, name)
 
-    def timer(self, queue: str, key: str, payload=None, *, at=None, delay=None, partition: str | None = None,
+    def timer(self, queue: str, key: str, payload=None, *, at=None, delay=None, cron: str | None = None,
+              timezone: str | None = None, every=None, partition: str | None = None,
               transaction_id: str | None = None, trace_id: str | None = None) -> SyncTransaction:
-        self._txn.timer(queue, key, payload, at=at, delay=delay, partition=partition, transaction_id=transaction_id,
-                        trace_id=trace_id)
+        self._txn.timer(queue, key, payload, at=at, delay=delay, cron=cron, timezone=timezone, every=every,
+                        partition=partition, transaction_id=transaction_id, trace_id=trace_id)
         return self
 
     def cancel_timer(self, queue: str, key: str) -> SyncTransaction:
@@ -409,36 +415,128 @@ class SyncQueue:
     def consume(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
                 lease=None) -> Iterator[Message]:
         """Every message, one at a time, forever; acked "completed" when the loop asks for the
-        next one. Leaving the loop acks what was handled and releases the lease."""
+        next one. Broker restarts are waited out. Leaving the loop acks what was handled and
+        releases the lease."""
         steps = self._queue.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease)
         try:
-            while True:
-                yield self._next(steps, None)
+            while (message := self._next(steps, None)) is not None:
+                yield message
         finally:
             self._close(steps)
 
     def process(self, handler, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
-                lease=None) -> None:
-        """handler(message) for every message, forever: its return acks "completed", its exception
-        "failed". Stop it with KeyboardInterrupt (or any exception raised around it)."""
-        steps = self._queue.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease)
+                lease=None, grace="10s", stop: threading.Event | None = None, handle_signals: bool = True) -> None:
+        """handler(message) for every message: its return acks "completed", its exception
+        "failed". Goes on through broker restarts. Stops gracefully when `stop` is set, or on
+        SIGTERM or Ctrl-C (handle_signals, in the main thread): no new pop, the running handler
+        gets up to `grace` to finish (then it is interrupted), what finished is acked and the lease
+        released, so the rest is delivered again at once with its retry count unchanged; a second
+        signal cuts the grace short. Returns after a stop or SIGTERM; raises queen.Interrupted
+        (exit 130, no traceback) after Ctrl-C."""
+        from queen.client.durations import seconds
+
+        stopping = self._sync._call(anyio.Event)
+        steps = self._queue.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease,
+                                       stopping=stopping)
+        stopper = _Stopper(self._sync, stopping, seconds(grace, "grace"))
+        restore = stopper.install(handle_signals)
+        if stop is not None:
+            threading.Thread(target=lambda: stop.wait() and stopper.begin(), name="queen-stop", daemon=True).start()
         failure: Exception | None = None
         try:
-            while True:
-                message = self._next(steps, failure)
+            while (message := self._next(steps, failure)) is not None:
+                stopper.handling = True
                 try:
                     handler(message)
                     failure = None
                 except Exception as error:  # noqa: BLE001 - the handler's failure is the message's
                     failure = error
+                except _HandlerCut:
+                    logger.warning("event=handler_cut queue=%s offset=%s partition=%s grace_s=%s", self._queue.name,
+                                   message.offset, message.partition, stopper.grace_s)
+                    break  # not finished: released with the lease, delivered again unchanged
+                finally:
+                    stopper.handling = False
         finally:
+            restore()
+            stopper.done()
             self._close(steps)
+        if signal.SIGINT in stopper.signals:
+            logger.warning("queen: interrupted; the worker on %r stopped, its leases released", self._queue.name)
+            raise Interrupted
 
-    def _next(self, steps, failure: Exception | None) -> Message:
-        message = self._sync._call(steps.asend, failure)
+    def _next(self, steps, failure: Exception | None) -> Message | None:
+        """The next message (None once the loop ended), waited for on the client's loop; an
+        interrupt while waiting cancels the wait there (the loop then acks and releases)."""
+        future = self._sync._portal.start_task_soon(steps.asend, failure)
+        try:
+            message = future.result()
+        except StopAsyncIteration:
+            return None
+        except BaseException:
+            future.cancel()
+            concurrent.futures.wait([future])
+            raise
         message._queue = self
         return message
 
     def _close(self, steps) -> None:
         if self._sync._portal is not None:
             self._sync._call(steps.aclose)
+
+
+class _HandlerCut(BaseException):
+    """Raised in the handler's thread when a stop's grace period has passed."""
+
+
+class _Stopper:
+    """A blocking process()'s stop: SIGTERM and SIGINT handlers (while it runs, in the main thread),
+    the loop's `stopping` event set from here, and the grace timer that interrupts a handler that
+    outlives it."""
+
+    def __init__(self, sync: SyncClient, stopping, grace_s: float):
+        self.sync = sync
+        self.stopping = stopping
+        self.grace_s = grace_s
+        self.signals: list[int] = []
+        self.handling = False
+        self.cut = False
+        self.timer: threading.Timer | None = None
+
+    def install(self, handle_signals: bool):
+        """Install the signal handlers; the function that puts the previous ones back."""
+        if not handle_signals or threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
+        return lambda: [signal.signal(signum, handler) for signum, handler in previous.items()]
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.cut:
+            raise _HandlerCut
+        self.signals.append(signum)
+        if len(self.signals) > 1 and self.handling:
+            raise _HandlerCut  # a second signal: no more grace
+        self.begin()
+
+    def begin(self) -> None:
+        portal = self.sync._portal
+        if portal is None or self.timer is not None:
+            return
+        portal.start_task_soon(self._set_stopping)
+        self.timer = threading.Timer(self.grace_s, self._grace_over)
+        self.timer.daemon = True
+        self.timer.start()
+
+    async def _set_stopping(self) -> None:
+        self.stopping.set()
+
+    def _grace_over(self) -> None:
+        if self.handling:
+            self.cut = True
+            # A real signal, so a handler blocked in sleep() or a socket read is woken too; the
+            # main thread runs _on_signal, which raises _HandlerCut there.
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    def done(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()

@@ -144,11 +144,13 @@ class Transaction:
     def queue(self, name: str) -> TxnQueue:
         return TxnQueue(self, name)
 
-    def timer(self, queue: str, key: str, payload=None, *, at=None, delay=None, partition: str | None = None,
+    def timer(self, queue: str, key: str, payload=None, *, at=None, delay=None, cron: str | None = None,
+              timezone: str | None = None, every=None, partition: str | None = None,
               transaction_id: str | None = None, trace_id: str | None = None) -> Transaction:
         """Schedule (or move) the timer (queue, key) in this step: it exists exactly when the step
-        committed."""
-        self._sections["timers"].append(schedule_op(queue, key, payload, at=at, delay=delay, partition=partition,
+        committed. A recurring one with cron (and timezone) or every, as in `client.timers.schedule`."""
+        self._sections["timers"].append(schedule_op(queue, key, payload, at=at, delay=delay, cron=cron,
+                                                    timezone=timezone, every=every, partition=partition,
                                                     transaction_id=transaction_id, trace_id=trace_id))
         return self
 

@@ -13,6 +13,12 @@ acquire of its name in the same step; answers for parked acquires collect in `re
 caller to deliver at once. Names are served in the order their permits freed, never in the order
 of a set, so a seeded run replays exactly.
 
+A wait has a ceiling (Limits.wait_ms_max). An acquire that waited that whole ceiling keeps its
+place in line for PLACE_KEPT_MS after its timeout answer: the same owner asking again with a wait
+within that time takes the place back, so a client that waits "forever" (by asking again every
+time) is never overtaken by those who came after it. While its owner is away the place holds a
+free permit back; a place not taken back in time is dropped.
+
 Never: reads a clock, awaits, or knows what a reply_to is.
 """
 
@@ -26,6 +32,9 @@ from queen.core.limits import INT64_MAX, Limits
 from queen.core.outcomes import LockReason
 from queen.core.wheel import TimingWheel
 from queen.errors import BadRequest
+
+# How long a waiter that used its whole wait keeps its place for its owner to ask again.
+PLACE_KEPT_MS = 2_000
 
 LOCK_OPS = frozenset(("acquire", "renew", "release", "get"))
 FIELDS = {
@@ -140,6 +149,8 @@ def holder(slot: int, row: Row) -> dict:
 
 
 class Waiter:
+    """A parked acquire; with reply_to None, a place kept for op.owner (see the module docstring)."""
+
     __slots__ = ("op", "deadline_ms", "reply_to", "position")
 
     def __init__(self, op: LockOp, deadline_ms: int, reply_to, position: int):
@@ -152,10 +163,11 @@ class Waiter:
 class LockTable:
     """The lock operations of one shard, over that shard's KvState."""
 
-    __slots__ = ("kv", "waiters", "deadlines", "resolved")
+    __slots__ = ("kv", "waiters", "deadlines", "resolved", "wait_ms_max")
 
-    def __init__(self, kv: KvState, now_ms: int):
+    def __init__(self, kv: KvState, now_ms: int, wait_ms_max: int = Limits.wait_ms_max):
         self.kv = kv
+        self.wait_ms_max = wait_ms_max
         self.waiters: dict[str, deque[Waiter]] = {}
         self.deadlines = TimingWheel(now_ms)  # Waiter -> deadline_ms, so a tick looks only at due ones
         # (reply_to, position, result) of parked acquires answered, for the caller to deliver.
@@ -165,6 +177,9 @@ class LockTable:
         """The answer, or None when an acquire with waitMs was parked (answered later, in resolved)."""
         kind = op.op
         if kind == "acquire":
+            if op.wait_ms > 0 and reply_to is not None and self._take_place_back(op, now_ms, reply_to, position):
+                self.serve(op.name, now_ms, records)  # its turn may have come while it was away
+                return None
             result = self.acquire(op, now_ms, records)
             if not result["acquired"] and op.wait_ms > 0 and reply_to is not None:
                 self.park(op, now_ms, reply_to, position)
@@ -230,6 +245,19 @@ class LockTable:
         queue.append(waiter)
         self.deadlines.add(waiter, waiter.deadline_ms)
 
+    def _take_place_back(self, op: LockOp, now_ms: int, reply_to, position: int) -> bool:
+        """Park op in the place kept for its owner, if there is one."""
+        queue = self.waiters.get(op.name)
+        if queue is None or op.owner is None:
+            return False
+        for index, kept in enumerate(queue):
+            if kept.reply_to is None and kept.op.owner == op.owner:
+                self.deadlines.remove(kept)
+                waiter = queue[index] = Waiter(op, now_ms + op.wait_ms, reply_to, position)
+                self.deadlines.add(waiter, waiter.deadline_ms)
+                return True
+        return False
+
     def abandon(self, reply_to, now_ms: int, timed_out: bool = False) -> None:
         """Answer and forget the waiters of reply_to: "cancelled" when their client is gone, so they
         are never handed a permit nobody would use until its lease ran out; or, timed_out, as their
@@ -256,12 +284,15 @@ class LockTable:
             if waiter.deadline_ms <= now_ms:
                 queue.popleft()
                 self.deadlines.remove(waiter)
-                self._time_out(waiter, now_ms)
+                kept = self._time_out(waiter, now_ms)
+                if kept is not None:
+                    queue.appendleft(kept)
+                    self.deadlines.add(kept, kept.deadline_ms)
                 continue
             rows = self._rows(name, waiter.op.limit, now_ms)
             free = next((slot for slot, row in enumerate(rows) if row is None), None)
-            if free is None:
-                break
+            if free is None or waiter.reply_to is None:
+                break  # no permit, or the head's owner is away: its kept place holds the permit back
             queue.popleft()
             self.deadlines.remove(waiter)
             key = permit_key(name, free)
@@ -270,12 +301,19 @@ class LockTable:
         if queue is not None and not queue:
             del self.waiters[name]
 
-    def _time_out(self, waiter: Waiter, now_ms: int) -> None:
+    def _time_out(self, waiter: Waiter, now_ms: int) -> Waiter | None:
+        """Answer a waiter whose wait ran out; the place kept for its owner, if it keeps one (a
+        kept place that ran out is just dropped)."""
         op = waiter.op
+        if waiter.reply_to is None:
+            return None
         rows = self._rows(op.name, op.limit, now_ms)
         result = {"name": op.name, "acquired": False, "reason": LockReason.TIMEOUT,
                   "holders": [holder(slot, row) for slot, row in enumerate(rows) if row is not None]}
         self.resolved.append((waiter.reply_to, waiter.position, result))
+        if op.owner is None or op.wait_ms < self.wait_ms_max:
+            return None
+        return Waiter(op, now_ms + PLACE_KEPT_MS, None, 0)
 
     def after_step(self, now_ms: int, records: list) -> None:
         """Hand the permits that freed during a step (kv.freed_permits) to their waiters."""
@@ -296,10 +334,17 @@ class LockTable:
             queue = self.waiters.get(waiter.op.name)
             if queue is None or waiter not in queue:
                 continue
-            queue.remove(waiter)
+            index = queue.index(waiter)
+            kept = self._time_out(waiter, now_ms)
+            if kept is not None:
+                queue[index] = kept
+                self.deadlines.add(kept, kept.deadline_ms)
+                continue
+            del queue[index]
             if not queue:
                 del self.waiters[waiter.op.name]
-            self._time_out(waiter, now_ms)
+            else:
+                self.serve(waiter.op.name, now_ms, records)  # a dropped place may have held a permit back
         self.after_step(now_ms, records)  # reading holders for a timeout may find expired permits
 
     def _slot_of(self, op: LockOp, now_ms: int) -> int:

@@ -33,6 +33,10 @@ OPTIONS = {
     "leaseTimeSeconds": (300, 1, 86_400),
     "retryLimit": (3, 0, 1_000),
     "dlqAfterMaxRetries": (True, None, None),
+    # A delivery that ended without completion holds its message back retryDelayMs, doubled for
+    # each earlier one, at most retryDelayMaxMs (0: redelivered at once).
+    "retryDelayMs": (0, 0, 86_400_000),
+    "retryDelayMaxMs": (300_000, 1, 86_400_000),
     "delayedProcessingSeconds": (0, 0, 604_800),
     "retentionSeconds": (0, 0, 31_536_000),
     "completedRetentionSeconds": (0, 0, 31_536_000),

@@ -37,6 +37,9 @@ encoding"), and a frame holds hundreds of records.
 | 41   | timer_cancel | version, queue, key                                                             | version         |
 | 42   | timer_fired | version, queue, key                                                              | version         |
 | 43   | pending_timers | queue, keys, lengths, packed                                                  | no (snapshots)  |
+| 44   | timer_schedule | queue, key, every_ms, cron, timezone                                          | no              |
+| 45   | timer_rearm | version, queue, key, at_ms                                                       | version         |
+| 46   | pending_schedules | queue, keys, lengths, packed                                               | no (snapshots)  |
 
 - put: the row (ns, key) now holds value at version; expires_at_ms 0 = forever. Lock permits are
   rows of the namespace `queen-locks` (their value is the owner).
@@ -71,14 +74,17 @@ Queues (kinds 16-30; every count and id is an integer, every name a string):
   too when dlq_too, otherwise they stay); groups behind it move up.
 - group_partition, dedupe, partition_state and partition_messages appear only in snapshots: one
   group's state in one partition (its floor, the resolved offsets above it as a serialized 64-bit
-  roaring bitmap in the portable format, [offset, retry_count, ...] and [offset, error, at_ms, ...] of its DLQ); a partition's
+  roaring bitmap in the portable format, [offset, retry_count, retry_at_ms, ...] of its messages
+  whose deliveries ended without completion (retry_at_ms: when the queue's retry backoff lets the
+  message be delivered again, 0 when it holds it back no more) and [offset, error, at_ms, ...] of its DLQ); a partition's
   producer ids with their packed entries, oldest first; a partition's next offset and the offset
   below which everything was removed (its messages may all be gone); a partition's retained
   messages, packed, as three byte strings (queen/core/queues/packed.py owns both packed layouts).
 - group_partition_32 is group_partition as builds before 64-bit offsets wrote it: the resolved
-  offsets as a 32-bit roaring bitmap. This build reads it and never writes it.
+  offsets as a 32-bit roaring bitmap, and retries as [offset, retry_count, ...] (those builds had
+  no retry backoff: nothing is held back). This build reads it and never writes it.
 
-Timers (kinds 40-43):
+Timers (kinds 40-46):
 - timer_set: the timer (queue, key) is pending, due at at_ms, scheduled at scheduled_at_ms; its
   message goes to partition (a name) with payload (JSON bytes), transaction_id and trace_id (each
   a string or null). A timer_set of a pending key replaces it.
@@ -88,6 +94,16 @@ Timers (kinds 40-43):
 - pending_timers appears only in snapshots: one queue's pending timers, their keys, the uint32
   lengths of their packed forms and those packed forms concatenated (queen/core/timers.py owns
   the layout).
+- timer_schedule: the timer (queue, key) that the timer_set just before it (same frame) set is a
+  recurring one: every every_ms ms (cron and timezone null), or at the times the 5-field cron
+  expression names in the IANA zone timezone (every_ms 0). A timer_set without one makes the key
+  a one-shot timer again.
+- timer_rearm: the recurring timer (queue, key) fired and is pending again, due at at_ms, with its
+  message and schedule unchanged; the append of its message (or nothing, when its producer id was
+  a duplicate) follows in the same frame. The timer's version is now this record's.
+- pending_schedules appears only in snapshots, after the queue's pending_timers: the schedules of
+  its recurring timers, their keys, the uint32 lengths of their packed forms and those packed
+  forms concatenated (queen/core/recurrence.py owns the layout).
 
 Versions are global, dense and rising: every versioned record takes the next one, in log order. A
 kind this build does not know is refused as "written by a newer build": guessing at it could only
@@ -130,6 +146,9 @@ class Kind(enum.IntEnum):
     TIMER_CANCEL = 41
     TIMER_FIRED = 42
     PENDING_TIMERS = 43
+    TIMER_SCHEDULE = 44
+    TIMER_REARM = 45
+    PENDING_SCHEDULES = 46
 
 
 class RecordError(Exception):
@@ -265,7 +284,7 @@ class GroupPartition(NamedTuple):
     partition_id: int
     floor: int
     resolved: bytes  # a serialized 64-bit roaring bitmap
-    retries: list
+    retries: list  # [offset, retry_count, retry_at_ms (0: not held back), ...]
     dlq: list
 
 
@@ -276,7 +295,7 @@ class GroupPartition32(NamedTuple):
     partition_id: int
     floor: int
     resolved: bytes
-    retries: list
+    retries: list  # [offset, retry_count, ...]
     dlq: list
 
 
@@ -338,9 +357,32 @@ class PendingTimers(NamedTuple):
     packed: bytes  # the packed timers, concatenated
 
 
+class TimerSchedule(NamedTuple):
+    queue: str
+    key: str
+    every_ms: int  # 0: a cron schedule
+    cron: str | None
+    timezone: str | None
+
+
+class TimerRearm(NamedTuple):
+    version: int
+    queue: str
+    key: str
+    at_ms: int
+
+
+class PendingSchedules(NamedTuple):
+    """A snapshot's schedules of one queue's recurring timers, packed like PendingTimers."""
+    queue: str
+    keys: list  # of str
+    lengths: bytes  # uint32 little-endian: each packed schedule's length
+    packed: bytes  # the packed schedules, concatenated
+
+
 Record = Put | Delete | Ceiling | SegmentCut | QueueSet | QueueDelete | PartitionCreate | Append | GroupJoin | \
     GroupDelete | Grant | MessageState | LeaseEnd | LeaseExtend | Remove | GroupPartition | GroupPartition32 | Dedupe | PartitionState | \
-    PartitionMessages | TimerSet | TimerCancel | TimerFired | PendingTimers
+    PartitionMessages | TimerSet | TimerCancel | TimerFired | PendingTimers | TimerSchedule | TimerRearm | PendingSchedules
 
 # The kind numbers as plain ints for the encoders: the hot path appends them without an enum lookup.
 _PUT, _DELETE, _CEILING, _SEGMENT_CUT = int(Kind.PUT), int(Kind.DELETE), int(Kind.CEILING), int(Kind.SEGMENT_CUT)
@@ -353,6 +395,8 @@ _DEDUPE, _PARTITION_STATE, _PARTITION_MESSAGES, _GROUP_PARTITION = (
     int(Kind.DEDUPE), int(Kind.PARTITION_STATE), int(Kind.PARTITION_MESSAGES), int(Kind.GROUP_PARTITION))
 _TIMER_SET, _TIMER_CANCEL, _TIMER_FIRED, _PENDING_TIMERS = (int(Kind.TIMER_SET), int(Kind.TIMER_CANCEL),
                                                             int(Kind.TIMER_FIRED), int(Kind.PENDING_TIMERS))
+_TIMER_SCHEDULE, _TIMER_REARM, _PENDING_SCHEDULES = (int(Kind.TIMER_SCHEDULE), int(Kind.TIMER_REARM),
+                                                     int(Kind.PENDING_SCHEDULES))
 
 
 # -- encoders: append one record to a flat list ---------------------------------------------------
@@ -456,6 +500,18 @@ def timer_fired(out: list, version: int, queue: str, key: str) -> None:
     out += (_TIMER_FIRED, version, queue, key)
 
 
+def timer_schedule(out: list, queue: str, key: str, every_ms: int, cron, timezone) -> None:
+    out += (_TIMER_SCHEDULE, queue, key, every_ms, cron, timezone)
+
+
+def timer_rearm(out: list, version: int, queue: str, key: str, at_ms: int) -> None:
+    out += (_TIMER_REARM, version, queue, key, at_ms)
+
+
+def pending_schedules(out: list, queue: str, keys: list, lengths: bytes, packed: bytes) -> None:
+    out += (_PENDING_SCHEDULES, queue, keys, lengths, packed)
+
+
 def encode(out: list, record: Record) -> None:
     """Append a typed record (as `decode` gives them) to a flat list."""
     out.append(_KIND_OF[type(record)])
@@ -512,7 +568,24 @@ def _check_group_partition(f) -> bool:
             and type(f[6]) is list)
 
 
+def _check_group_partition_retry_at(f) -> bool:
+    """group_partition's retries are [offset, retry_count, retry_at_ms, ...]."""
+    return _check_group_partition(f) and len(f[5]) % 3 == 0 and all(_int(x) for x in f[5])
+
+
 _STATES = frozenset(("completed", "pending", "dlq", "purged"))
+
+
+def _check_timer_schedule(f) -> bool:
+    """A period (every_ms > 0, no cron) or a cron in a zone (every_ms 0), never both or neither."""
+    if not (_str(f[0]) and _str(f[1]) and _int(f[2]) and _opt_str(f[3]) and _opt_str(f[4])):
+        return False
+    return f[3] is None and f[4] is None if f[2] else f[3] is not None and f[4] is not None
+
+
+def _check_packed_keys(f) -> bool:
+    return (_str(f[0]) and type(f[1]) is list and all(type(k) is str for k in f[1]) and type(f[2]) is bytes
+            and type(f[3]) is bytes and len(f[2]) == 4 * len(f[1]))
 
 
 # The one schema: each kind's record type (its fields, in order, are the type's) and the check of
@@ -537,7 +610,7 @@ SCHEMA: dict[Kind, tuple] = {
     Kind.REMOVE: (Remove, lambda f: _version(f[0]) and _str(f[1]) and _version(f[2]) and _int(f[3]) and type(f[4]) is bool
          and _time(f[5])),
     Kind.GROUP_PARTITION_32: (GroupPartition32, _check_group_partition),
-    Kind.GROUP_PARTITION: (GroupPartition, _check_group_partition),
+    Kind.GROUP_PARTITION: (GroupPartition, _check_group_partition_retry_at),
     Kind.DEDUPE: (Dedupe, lambda f: _str(f[0]) and _version(f[1]) and type(f[2]) is list and all(type(i) is str for i in f[2])
          and type(f[3]) is bytes),
     Kind.PARTITION_STATE: (PartitionState, lambda f: _str(f[0]) and _version(f[1]) and _int(f[2]) and _int(f[3]) and f[3] <= f[2]),
@@ -547,8 +620,10 @@ SCHEMA: dict[Kind, tuple] = {
          and _str(f[5]) and type(f[6]) is bytes and _opt_str(f[7]) and _opt_str(f[8])),
     Kind.TIMER_CANCEL: (TimerCancel, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2])),
     Kind.TIMER_FIRED: (TimerFired, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2])),
-    Kind.PENDING_TIMERS: (PendingTimers, lambda f: _str(f[0]) and type(f[1]) is list and all(type(k) is str for k in f[1])
-         and type(f[2]) is bytes and type(f[3]) is bytes and len(f[2]) == 4 * len(f[1])),
+    Kind.PENDING_TIMERS: (PendingTimers, _check_packed_keys),
+    Kind.TIMER_SCHEDULE: (TimerSchedule, _check_timer_schedule),
+    Kind.TIMER_REARM: (TimerRearm, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _time(f[3])),
+    Kind.PENDING_SCHEDULES: (PendingSchedules, _check_packed_keys),
 }
 
 _DECODERS = {int(kind): (cls, len(cls._fields), check) for kind, (cls, check) in SCHEMA.items()}

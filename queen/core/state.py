@@ -72,17 +72,19 @@ class Drain:
 class Applied:
     """What a step did: answers [(reply_to, position, result)], records (a flat list for the WAL)
     and the versions they took (0, 0 when none), and failures [(reply_to, position, exception)]:
-    operations that raised before producing any record, each to be answered as an internal error."""
+    operations that raised before producing any record, each to be answered as an internal error;
+    and notices, events for the log."""
 
-    __slots__ = ("answers", "records", "first_version", "last_version", "failures")
+    __slots__ = ("answers", "records", "first_version", "last_version", "failures", "notices")
 
     def __init__(self, answers: list, records: list, first_version: int, last_version: int,
-                 failures: list | None = None):
+                 failures: list | None = None, notices: list | None = None):
         self.answers = answers
         self.records = records
         self.first_version = first_version
         self.last_version = last_version
         self.failures = failures
+        self.notices = notices  # what the queues want logged (QueueTable.notices)
 
 
 class State:
@@ -101,6 +103,7 @@ class State:
         answers: list = []
         kind = type(step)
         failures: list = []
+        notices = None
         if kind is Ops:
             shard = self.shards[step.shard]
             apply = shard.apply
@@ -151,10 +154,13 @@ class State:
             if queues.resolved:
                 answers += queues.resolved
                 queues.resolved = []
+            if queues.notices:
+                notices = (notices or []) + queues.notices
+                queues.notices = []
         last = self.versions.last
         if last == before:
-            return Applied(answers, records, 0, 0, failures)
-        return Applied(answers, records, before + 1, last, failures)
+            return Applied(answers, records, 0, 0, failures, notices)
+        return Applied(answers, records, before + 1, last, failures, notices)
 
     def _fail_alone(self, error: Exception, produced: int, taken: int, records: list) -> None:
         """An operation raised (a bug). If it produced no records, nothing of it can reach the log

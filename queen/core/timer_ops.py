@@ -4,18 +4,22 @@ is applied: a request that breaks a rule is refused whole with a 400 and a snake
 
 A timer is named by (queue, key). `at` is absolute ms since the epoch on the server's clock;
 `delayMs` is turned into `at` with the `now_ms` the caller passes (the moment the server read the
-request), so the horizon check and the stored time agree.
+request), so the horizon check and the stored time agree. A recurring timer gives `cron` (with
+`timezone`) or `everyMs` instead; its first time is computed here, from the same now_ms
+(queen/core/recurrence.py).
 
 Pure: no I/O, no clock. Raises BadRequest.
 """
 
 from __future__ import annotations
 
+from queen.core import recurrence
 from queen.core.kv import check_fields, fail
 from queen.core.limits import Limits
 from queen.core.names import name
 from queen.core.queue_ops import (
     DEFAULT_PARTITION,
+    GENERATED_ID_PREFIX,
     _where,
     encode_payload,
     producer_id,
@@ -31,19 +35,23 @@ HORIZON_MS = 365 * 86_400_000
 DELAY_MS_MAX = 31_536_000_000
 
 _FIELDS = {
-    "schedule": frozenset(("op", "queue", "key", "at", "delayMs", "partition", "payload", "transactionId", "traceId")),
+    "schedule": frozenset(("op", "queue", "key", "at", "delayMs", "partition", "payload", "transactionId", "traceId",
+                           "cron", "timezone", "everyMs")),
     "cancel": frozenset(("op", "queue", "key")),
     "get": frozenset(("op", "queue", "key")),
 }
 
 
 class TimerOp:
-    """One operation. For a schedule: at_ms, partition, payload (its JSON encoding), transaction_id,
-    trace_id."""
+    """One operation. For a schedule: at_ms (its first time, for a recurring one), partition,
+    payload (its JSON encoding), transaction_id, trace_id; and for a recurring timer every_ms
+    (0: none) or cron and timezone (None: none)."""
 
-    __slots__ = ("index", "op", "queue", "key", "at_ms", "partition", "payload", "transaction_id", "trace_id")
+    __slots__ = ("index", "op", "queue", "key", "at_ms", "partition", "payload", "transaction_id", "trace_id",
+                 "every_ms", "cron", "timezone")
 
-    def __init__(self, index, op, queue, key, at_ms=0, partition=None, payload=b"", transaction_id=None, trace_id=None):
+    def __init__(self, index, op, queue, key, at_ms=0, partition=None, payload=b"", transaction_id=None, trace_id=None,
+                 every_ms=0, cron=None, timezone=None):
         self.index = index
         self.op = op
         self.queue = queue
@@ -53,6 +61,9 @@ class TimerOp:
         self.payload = payload
         self.transaction_id = transaction_id
         self.trace_id = trace_id
+        self.every_ms = every_ms
+        self.cron = cron
+        self.timezone = timezone
 
 
 class Timers:
@@ -122,7 +133,7 @@ def _parse_timer_op(raw: dict, index: int, limits: Limits, now_ms: int, in_trans
     key = name(raw.get("key"), "key", "invalid_key", limits.timer_key_bytes_max, index)
     if kind != "schedule":
         return TimerOp(index, kind, queue, key)
-    at_ms = _at(raw, index, now_ms)
+    at_ms, every_ms, cron, timezone = _when(raw, index, now_ms)
     partition = raw.get("partition")
     partition = DEFAULT_PARTITION if partition is None else name(
         partition, "partition", "invalid_partition", limits.partition_name_bytes_max, index)
@@ -133,7 +144,59 @@ def _parse_timer_op(raw: dict, index: int, limits: Limits, now_ms: int, in_trans
     trace = raw.get("traceId")
     if trace is not None and (type(trace) is not str or len(trace.encode()) > limits.trace_id_bytes_max):
         fail("invalid_trace_id", f"traceId must be a string of at most {limits.trace_id_bytes_max} bytes", index)
-    return TimerOp(index, kind, queue, key, at_ms, partition, payload, transaction_id, trace)
+    if every_ms or cron is not None:
+        _check_period_stem(key, transaction_id, limits, index)
+    return TimerOp(index, kind, queue, key, at_ms, partition, payload, transaction_id, trace, every_ms, cron, timezone)
+
+
+def _when(raw: dict, index: int, now_ms: int) -> tuple[int, int, str | None, str | None]:
+    """(at_ms, every_ms, cron, timezone) of a schedule: its (first) time and its recurrence."""
+    cron, every_ms, timezone = raw.get("cron"), raw.get("everyMs"), raw.get("timezone")
+    if cron is not None and every_ms is not None:
+        fail("schedule_conflict", "give cron or everyMs, not both", index)
+    if timezone is not None and cron is None:
+        fail("timezone_without_cron", "timezone is the zone a cron expression is read in: give it with cron", index)
+    if cron is None and every_ms is None:
+        return _at(raw, index, now_ms), 0, None, None
+    if every_ms is not None:
+        if type(every_ms) is not int or not recurrence.EVERY_MS_MIN <= every_ms <= recurrence.EVERY_MS_MAX:
+            fail("invalid_every", f"everyMs must be an integer from {recurrence.EVERY_MS_MIN} to "
+                                  f"{recurrence.EVERY_MS_MAX} (365 days)", index)
+        has_first = raw.get("at") is not None or raw.get("delayMs") is not None
+        # The first period: at or delayMs when given, else one period from now.
+        return _at(raw, index, now_ms) if has_first else now_ms + every_ms, every_ms, None, None
+    if raw.get("at") is not None or raw.get("delayMs") is not None:
+        fail("schedule_conflict", "a cron schedule names its own times: give no at or delayMs with cron", index)
+    timezone = "UTC" if timezone is None else timezone
+    if type(timezone) is not str or not timezone or len(timezone.encode()) > recurrence.TIMEZONE_BYTES_MAX:
+        fail("invalid_timezone", f"timezone must be an IANA time zone name (Europe/Berlin) of at most "
+                                 f"{recurrence.TIMEZONE_BYTES_MAX} bytes", index)
+    if recurrence.zone(timezone) is None:
+        fail("unknown_timezone", f"no time zone {timezone!r} in the time zone database: give an IANA name such as "
+                                 "Europe/Berlin or UTC", index, timezone=timezone)
+    if type(cron) is not str or len(cron.encode()) > recurrence.CRON_BYTES_MAX:
+        fail("invalid_cron", f"cron must be a string of at most {recurrence.CRON_BYTES_MAX} bytes", index)
+    problem = recurrence.cron_problem(cron)
+    if problem is not None:
+        fail("invalid_cron", f"cron {cron!r}: {problem}", index, cron=cron)
+    at_ms = recurrence.next_cron_ms(cron, timezone, now_ms)
+    if at_ms is None:
+        fail("invalid_cron", f"cron {cron!r} names no time in the next 50 years", index, cron=cron)
+    return at_ms, 0, cron, timezone
+
+
+def _check_period_stem(key: str, transaction_id: str | None, limits: Limits, index: int) -> None:
+    """A recurring timer's messages take the transactionId <transactionId or key>@<period ms>: it
+    must be one a producer could send (not too long, not the server's own prefix)."""
+    stem = key if transaction_id is None else transaction_id
+    room = limits.transaction_id_bytes_max - recurrence.PERIOD_SUFFIX_BYTES
+    if len(stem.encode()) > room:
+        fail("period_id_too_long", f"a recurring timer's messages take the transactionId <transactionId or key>@<period "
+                                   f"ms>: give a transactionId (or key) of at most {room} bytes", index)
+    if stem.startswith(GENERATED_ID_PREFIX):
+        fail("reserved_transaction_id", f"a recurring timer's messages take the transactionId <key>@<period ms>, "
+                                        f"and those starting {GENERATED_ID_PREFIX!r} are the server's: give a "
+                                        "transactionId", index)
 
 
 def _at(raw: dict, index: int, now_ms: int) -> int:

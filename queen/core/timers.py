@@ -19,6 +19,12 @@ Model:
     any crash either both happened or neither and the timer fires after the restart. Its message
     is created at the fire time; a producer id already known in the partition makes it a
     duplicate (the timer is gone, nothing appended).
+  - A recurring timer (queen/core/recurrence.py) is a pending timer like the others, due at its
+    next period, plus its packed schedule in `recurring` (bytes again: nothing for the GC). Its
+    fire is one step too: a `timer_rearm` record (pending again at the first period after now,
+    so a fire late by several periods, after a downtime, stands for all of them: no burst) and
+    the push of its message, whose transactionId names the period it fired for. After a crash
+    the period either fired and was re-armed, or neither: it is never skipped or fired twice.
 
 Every change is a record taking the next version, and the same `_apply_*` functions serve a live
 step and replay. Never reads a clock: now_ms is passed in.
@@ -35,6 +41,7 @@ from typing import Protocol
 from orjson import Fragment
 
 from queen.core import records as rec
+from queen.core import recurrence
 from queen.core.kv import VersionCounter
 from queen.core.limits import Limits
 from queen.core.outcomes import QueueReason
@@ -52,8 +59,6 @@ _AT_VERSION = struct.Struct(">qq")
 SLOT_MS = TICK_MS  # a slot per tick: a tick visits the slots it passed
 # at_ms, version, bytes of the queue name, of the key; then both (UTF-8). Only in memory.
 _ENTRY = struct.Struct("<qqHH")
-
-
 def pack_timer(at_ms: int, version: int, scheduled_at_ms: int, partition: str, tid: str | None, trace_id: str | None,
                payload: bytes) -> bytes:
     name = partition.encode()
@@ -135,6 +140,8 @@ class TimerTable:
         self.limits = limits
         self.sink = sink
         self.pending: dict[str, dict[str, bytes]] = {}  # queue -> key -> packed timer
+        # queue -> key -> packed schedule (recurrence.pack_schedule), for the pending timers that recur
+        self.recurring: dict[str, dict[str, bytes]] = {}
         self.payload_bytes: dict[str, int] = {}  # queue -> its pending timers' payload bytes
         self.slots: dict[int, bytearray] = {}  # slot (at_ms // SLOT_MS) -> packed entries
         self.entries = 0  # in the slots, stale ones included
@@ -207,8 +214,15 @@ class TimerTable:
                       op.transaction_id, op.trace_id)
         self._apply_set(op.queue, op.key, pack_timer(op.at_ms, version, now_ms, op.partition, op.transaction_id,
                                                      op.trace_id, op.payload))
+        self._apply_unschedule(op.queue, op.key)
+        answer = {"scheduled": True, "at": op.at_ms, "version": version, "replaced": replaced}
+        if op.every_ms or op.cron is not None:
+            rec.timer_schedule(records, op.queue, op.key, op.every_ms, op.cron, op.timezone)
+            packed = recurrence.pack_schedule(op.every_ms, op.cron, op.timezone)
+            self._apply_schedule(op.queue, op.key, packed)
+            answer.update(recurrence.schedule_fields(packed))
         self.stats.scheduled += 1
-        return {"scheduled": True, "at": op.at_ms, "version": version, "replaced": replaced}
+        return answer
 
     def cancel(self, queue: str, key: str, records: list) -> dict:
         packed = self.pending.get(queue, {}).get(key)
@@ -225,7 +239,13 @@ class TimerTable:
             return {"found": False}
         at_ms, version, scheduled_at_ms, partition, tid, _, payload = unpack_timer(packed)
         return {"found": True, "at": at_ms, "partition": partition, "payload": Fragment(payload),
-                "transactionId": tid, "version": version, "scheduledAt": scheduled_at_ms}
+                "transactionId": tid, "version": version, "scheduledAt": scheduled_at_ms,
+                **self._schedule_fields(queue, key)}
+
+    def _schedule_fields(self, queue: str, key: str) -> dict:
+        """A recurring timer's schedule as answers show it; nothing for a one-shot timer."""
+        packed = self.recurring.get(queue, {}).get(key)
+        return {} if packed is None else recurrence.schedule_fields(packed)
 
     def page(self, queue: str, prefix: str, after: str | None, limit: int) -> dict:
         timers = self.pending.get(queue, {})
@@ -235,7 +255,7 @@ class TimerTable:
         for key in keys[:limit]:
             at_ms, version, scheduled_at_ms, partition, tid, _, _ = unpack_timer(timers[key])
             items.append({"queue": queue, "key": key, "partition": partition, "at": at_ms, "version": version,
-                          "scheduledAt": scheduled_at_ms, "transactionId": tid})
+                          "scheduledAt": scheduled_at_ms, "transactionId": tid, **self._schedule_fields(queue, key)})
         return {"items": items, "after": keys[limit - 1] if len(keys) > limit else None}
 
     def summary(self, queue: str) -> dict:
@@ -283,8 +303,19 @@ class TimerTable:
 
     def _fire(self, queue: str, key: str, packed: bytes, now_ms: int, records: list) -> None:
         at_ms, _, _, partition, tid, trace_id, payload = unpack_timer(packed)
-        rec.timer_fired(records, self.versions.next(), queue, key)
-        self._apply_remove(queue, key)
+        schedules = self.recurring.get(queue)
+        schedule = schedules.get(key) if schedules else None
+        # Computed before any record is written: whatever it meets, the step stays whole.
+        next_ms = recurrence.next_period_ms(schedule, at_ms, now_ms) if schedule is not None else None
+        if next_ms is None:  # a one-shot timer, or a schedule that names no time any more: its last fire
+            rec.timer_fired(records, self.versions.next(), queue, key)
+            self._apply_remove(queue, key)
+        else:
+            version = self.versions.next()
+            rec.timer_rearm(records, version, queue, key, next_ms)
+            self._apply_rearm(queue, key, next_ms, version)
+        if schedule is not None:
+            tid = recurrence.period_id(key if tid is None else tid, at_ms)
         result = self.sink.push_fired(PushItem(0, queue, partition, payload, tid, trace_id, len(payload)), now_ms,
                                       records)
         stats = self.stats
@@ -327,11 +358,31 @@ class TimerTable:
         entries += key_raw
         self.entries += 1
 
+    def _apply_rearm(self, queue: str, key: str, at_ms: int, version: int) -> None:
+        """The recurring timer fired and is due again at at_ms, as version; all else unchanged."""
+        timers = self.pending.get(queue)
+        packed = timers.get(key) if timers is not None else None
+        if packed is None or key not in self.recurring.get(queue, ()):
+            raise ValueError(f"a re-arm of {queue}/{key}, which is not a pending recurring timer")
+        timers[key] = _AT_VERSION.pack(at_ms, version) + packed[_AT_VERSION.size:]
+        self._file(at_ms, version, queue, key)
+
+    def _apply_schedule(self, queue: str, key: str, packed: bytes) -> None:
+        if key not in self.pending.get(queue, ()):
+            raise ValueError(f"a schedule for {queue}/{key}, which is not a pending timer")
+        self.recurring.setdefault(queue, {})[key] = packed
+
+    def _apply_unschedule(self, queue: str, key: str) -> None:
+        schedules = self.recurring.get(queue)
+        if schedules is not None and schedules.pop(key, None) is not None and not schedules:
+            del self.recurring[queue]
+
     def _apply_remove(self, queue: str, key: str) -> None:
         timers = self.pending.get(queue)
         packed = timers.pop(key, None) if timers is not None else None
         if packed is None:
             return
+        self._apply_unschedule(queue, key)
         size = _payload_bytes(packed)
         if timers:
             self.payload_bytes[queue] -= size
@@ -345,6 +396,7 @@ class TimerTable:
     def drop_queue(self, queue: str) -> int:
         """A deleted queue's timers go with it; how many there were."""
         timers = self.pending.pop(queue, None)
+        self.recurring.pop(queue, None)
         if not timers:
             return 0
         shared = self.shared
@@ -367,10 +419,18 @@ class TimerTable:
             self._apply_set(record.queue, record.key, pack_timer(
                 record.at_ms, record.version, record.scheduled_at_ms, record.partition, record.transaction_id,
                 record.trace_id, record.payload))
+            self._apply_unschedule(record.queue, record.key)  # a timer_schedule follows if it recurs
         elif kind is rec.TimerCancel or kind is rec.TimerFired:
             self._apply_remove(record.queue, record.key)
+        elif kind is rec.TimerRearm:
+            self._apply_rearm(record.queue, record.key, record.at_ms, record.version)
+        elif kind is rec.TimerSchedule:
+            self._apply_schedule(record.queue, record.key,
+                                 recurrence.pack_schedule(record.every_ms, record.cron, record.timezone))
         elif kind is rec.PendingTimers:
             self._apply_pending(record)
+        elif kind is rec.PendingSchedules:
+            self._apply_pending_schedules(record)
         else:
             raise ValueError(f"not a timer record: {record!r}")
 
@@ -384,14 +444,29 @@ class TimerTable:
             self._apply_set(record.queue, key, blob[position:position + length])
             position += length
 
+    def _apply_pending_schedules(self, record) -> None:
+        """A snapshot's schedules of one queue's recurring timers, after its pending timers."""
+        lengths, blob = read_int_array("I", record.lengths), record.packed
+        if len(lengths) != len(record.keys) or sum(lengths) != len(blob):
+            raise ValueError(f"a schedules record of {len(record.keys)} keys holds {len(lengths)} lengths, {len(blob)} bytes")
+        position = 0
+        for key, length in zip(record.keys, lengths, strict=True):
+            self._apply_schedule(record.queue, key, blob[position:position + length])
+            position += length
+
     # ------------------------------------------------------------------------------------------
     # Snapshots.
 
-    def snapshot_copy(self, queue: str) -> dict:
-        return dict(self.pending.get(queue, {}))
+    def snapshot_copy(self, queue: str) -> tuple[dict, dict]:
+        """The queue's pending timers and the schedules of those that recur."""
+        return dict(self.pending.get(queue, {})), dict(self.recurring.get(queue, {}))
 
     @staticmethod
-    def snapshot_records(queue: str, timers: dict, out: list) -> None:
+    def snapshot_records(queue: str, copy: tuple[dict, dict], out: list) -> None:
+        timers, schedules = copy
         if timers:
             rec.pending_timers(out, queue, list(timers), int_array("I", map(len, timers.values())),
                                b"".join(timers.values()))
+        if schedules:
+            rec.pending_schedules(out, queue, list(schedules), int_array("I", map(len, schedules.values())),
+                                  b"".join(schedules.values()))

@@ -5,7 +5,8 @@ core and the runtime speak one language; tests/compat runs the client itself aga
 Requests (each mapping keyed on a spelling only the client uses, so it is never ambiguous):
   - pop: `wait=true&timeout=MS` is waitMs (30 s when timeout is left out); `autopilot`, `frames`
     and `conflation` ask for nothing Queen does and are dropped.
-  - configure: its option names (`leaseTime`, `delayedProcessing`) are ours; options Queen does not
+  - configure: its option names (`leaseTime`, `delayedProcessing`, `retryDelay` in milliseconds) are
+    ours (`retryDelay` is retryDelayMs: the retry backoff, held by the server); options Queen does not
     implement pass only at the value that asks for nothing (its client sends them on every
     create), so a migrated configuration never looks honoured when it is not; `namespace` and
     `task` pass when null.
@@ -64,11 +65,12 @@ def pop_params(params: dict, limits: Limits) -> dict:
     return params
 
 
-_OPTION_NAMES = {"leaseTime": "leaseTimeSeconds", "delayedProcessing": "delayedProcessingSeconds"}
+_OPTION_NAMES = {"leaseTime": "leaseTimeSeconds", "delayedProcessing": "delayedProcessingSeconds",
+                 "retryDelay": "retryDelayMs"}
 # Options Queen does not implement, and the value at which each asks for nothing (None: no such
 # value, always refused).
 _OPTIONS_OFF = {"priority": 0, "windowBuffer": 0, "encryptionEnabled": False, "retentionEnabled": False,
-                "maxWaitTimeSeconds": 0, "retryDelay": None, "deadLetterQueue": None, "ttl": None}
+                "maxWaitTimeSeconds": 0, "deadLetterQueue": None, "ttl": None}
 
 
 def configure_document(document):

@@ -15,6 +15,8 @@ _QUEUE_GAUGES = {
     "pending": "messages a group has yet to be delivered (its lag)",
     "in_flight": "messages delivered under a live lease",
     "dlq": "a group's DLQ entries",
+    "oldest_pending_age_seconds": "how long ago the oldest message a group has not finished (pending or in flight) "
+                                  "was pushed; 0 when none",
 }
 
 
@@ -67,10 +69,17 @@ def render(http: HttpStatistics, wal: WalStatistics, rows: int, queues: list[Que
         ('{result="queued"}', sum(s.pushed for s in queues)),
         ('{result="duplicate"}', sum(s.duplicates for s in queues)),
         ('{result="failed"}', sum(s.push_failed for s in queues))])
-    metric("queen_redeliveries_total", "counter", "deliveries that ended without completion and were returned", [
-        ('{cause="failed"}', sum(s.redelivered_failed for s in queues)),
-        ('{cause="expired"}', sum(s.redelivered_expired for s in queues))])
-    metric("queen_dlq_moves_total", "counter", "messages moved to a DLQ", sum(s.dlq_moves for s in queues))
+    redeliveries = []
+    for cause in ("failed", "expired"):
+        for shard in queues:
+            counts = shard.redelivered_failed if cause == "failed" else shard.redelivered_expired
+            redeliveries += [(f'{{queue="{_label(queue)}",cause="{cause}"}}', n) for queue, n in sorted(counts.items())]
+    metric("queen_redeliveries_total", "counter", "deliveries that ended without completion and were returned, by "
+           "queue and cause (a failed ack, or the lease expired)", redeliveries)
+    metric("queen_dlq_moves_total", "counter", "messages moved to a DLQ, by queue",
+           [(f'{{queue="{_label(queue)}"}}', n) for shard in queues for queue, n in sorted(shard.dlq_moves.items())])
+    metric("queen_pops_parked", "gauge", "pops waiting for a message now (consumers idle on an empty queue)",
+           sum(s.pops_parked for s in queues))
     metric("queen_pop_wait_seconds", "summary", "how long parked pops waited before they were served", [
         ("_sum", sum(s.pop_wait_ms_total for s in queues) / 1000), ("_count", sum(s.pop_waits for s in queues))])
 

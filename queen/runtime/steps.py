@@ -45,6 +45,20 @@ def versions_exhausted(last_version: int) -> QueenError:
         {"lastVersion": last_version, "versionMax": VERSION_MAX}, http_status=507)
 
 
+def log_notices(notices: list) -> None:
+    """Log what the queues reported: a move to a DLQ at info (someone should look at it), a lease
+    that expired at debug (it is routine when a consumer dies, and retried on its own)."""
+    for notice in notices:
+        if notice[0] == "dlq_move":
+            _, queue, group, partition, offset, retry_count, error = notice
+            logger.info("event=dlq_move queue=%s group=%s partition=%s offset=%d retry_count=%d error=%r", queue, group,
+                        partition, offset, retry_count, error)
+        elif logger.isEnabledFor(logging.DEBUG):
+            _, queue, group, lease_id, messages = notice
+            logger.debug("event=lease_expired queue=%s group=%s lease_id=%d messages=%d", queue, group, lease_id,
+                         messages)
+
+
 class Call:
     """One request's operations on their way through steps and the WAL: `parts_left` counts the
     answers it still waits for (one per operation sent to a shard, parked ones included)."""
@@ -96,6 +110,8 @@ class StepRunner:
                 writer.when_durable(last, call)
         if applied.failures:
             self._failed_alone(step, applied.failures, last)
+        if applied.notices:
+            log_notices(applied.notices)
 
     def _failed_alone(self, step, failures: list, last: int) -> None:
         """Operations that raised before producing any record: each call is answered 500 (once the

@@ -6,7 +6,7 @@ import pytest
 from queen.core import records as rec
 from queen.core.kv import LOCKS_NS, parse_kv_op
 from queen.core.limits import Limits
-from queen.core.locks import parse_lock_op, parse_lock_ops
+from queen.core.locks import PLACE_KEPT_MS, parse_lock_op, parse_lock_ops
 from queen.core.state import Abandon, Ops, State, Tick, Transaction
 from queen.errors import BadRequest
 
@@ -179,6 +179,48 @@ def test_waiter_gets_an_expired_permit_on_the_tick_and_late_ones_time_out():
     assert [(t, r["reason"]) for t, r in shard.answered] == [(1, "timeout")]
     shard.tick(T0 + 1050)
     assert shard.answered[-1][0] == 0 and shard.answered[-1][1]["owner"] == "w0"
+
+
+def test_a_waiter_that_waited_the_longest_wait_keeps_its_place_for_its_owner_to_ask_again():
+    """wait "forever" is a chain of the longest waits: between two of them the owner's place in
+    line is kept, so a later waiter never overtakes it, and a permit that frees in the gap waits
+    for it."""
+    shard = Shard()
+    holder = shard.acquire(owner="h")
+    longest = LIMITS.wait_ms_max
+    assert shard.acquire(owner="first", ttl=5, waitMs=longest, reply_to="first-1") is None
+    assert shard.acquire(owner="second", ttl=5, waitMs=longest, reply_to="second-1", now_ms=T0 + 5000) is None
+    shard.tick(T0 + longest)
+    assert [(t, r["reason"]) for t, r in shard.answered] == [("first-1", "timeout")]
+    shard.release(holder, now_ms=T0 + longest + 5)  # in the gap: the permit waits for "first"
+    assert len(shard.answered) == 1
+    assert shard.acquire(owner="newcomer", ttl=5, now_ms=T0 + longest + 6)["reason"] == "held"
+    again = shard.acquire(owner="first", ttl=5, waitMs=longest, reply_to="first-2", now_ms=T0 + longest + 20)
+    assert again["acquired"] and again["owner"] == "first"
+
+
+def test_a_kept_place_not_taken_back_in_time_is_dropped_and_the_next_waiter_served():
+    shard = Shard()
+    holder = shard.acquire(owner="h")
+    longest = LIMITS.wait_ms_max
+    assert shard.acquire(owner="gone", ttl=5, waitMs=longest, reply_to="gone") is None
+    assert shard.acquire(owner="next", ttl=5, waitMs=longest, reply_to="next", now_ms=T0 + 5000) is None
+    shard.tick(T0 + longest)
+    shard.release(holder, now_ms=T0 + longest + 5)
+    shard.tick(T0 + longest + PLACE_KEPT_MS - 10)
+    assert [t for t, _ in shard.answered] == ["gone"]  # the place still holds the permit back
+    shard.tick(T0 + longest + PLACE_KEPT_MS + 10)
+    assert [(t, r.get("owner")) for t, r in shard.answered] == [("gone", None), ("next", "next")]
+
+
+def test_a_shorter_wait_keeps_no_place():
+    shard = Shard()
+    holder = shard.acquire(owner="h")
+    assert shard.acquire(owner="brief", ttl=5, waitMs=1000, reply_to="brief") is None
+    assert shard.acquire(owner="patient", ttl=5, waitMs=10_000, reply_to="patient") is None
+    shard.tick(T0 + 1000)
+    shard.release(holder, now_ms=T0 + 1005)
+    assert [(t, r.get("owner")) for t, r in shard.answered] == [("brief", None), ("patient", "patient")]
 
 
 def test_abandoned_waiter_is_answered_cancelled_and_never_served():

@@ -6,6 +6,8 @@ deletions and time passing, checked after every step against what the queues pro
 - a partition is leased to at most one live lease per group, and a pop delivers each partition's
   messages in offset order, never past an unresolved one;
 - a delivery's retryCount is the number of earlier deliveries that ended without completion;
+- a message failed by an ack is not delivered to that group again before the retry backoff
+  (retryDelayMs, doubled for each earlier failure, at most retryDelayMaxMs) has passed;
 - every message pushed is eventually accounted for: delivered, in a DLQ, or still waiting;
 - replaying the records and loading a snapshot both rebuild the same queues.
 """
@@ -19,6 +21,9 @@ from queen.core.state import State
 from tests.core.queue_harness import T0, Queues, dlq, info, partitions, wire
 
 GROUPS = st.sampled_from(["__QUEUE_MODE__", "g2"])
+# A backoff short next to the steps' times (0-7 s), so messages are sometimes held back and
+# sometimes not, and replay and snapshots must hold them back alike.
+RETRY_DELAY_MS, RETRY_DELAY_MAX_MS = 300, 1_000
 PARTITIONS = st.sampled_from(["p0", "p1", "p2"])
 
 
@@ -26,12 +31,13 @@ class QueueModel(RuleBasedStateMachine):
     @initialize()
     def start(self):
         self.q = Queues()
-        self.q.configure(leaseTimeSeconds=5, retryLimit=2)
+        self.q.configure(leaseTimeSeconds=5, retryLimit=2, retryDelayMs=RETRY_DELAY_MS, retryDelayMaxMs=RETRY_DELAY_MAX_MS)
         self.held = []  # (group, message) delivered under a lease, not yet acked by us
         self.completed = {}  # (group, messageId) -> True once an ack answered success (not already)
         self.ended_without_completion = {}  # (group, messageId) -> count
         self.pushed = set()
         self.last_offset = {}  # (group, partitionId) -> highest offset delivered in the current lease run
+        self.not_before = {}  # (group, messageId) -> when a failed ack lets it be delivered again
 
     # -- actions -----------------------------------------------------------------------------------
 
@@ -54,6 +60,7 @@ class QueueModel(RuleBasedStateMachine):
             key = (group, m["messageId"])
             assert key not in self.completed, f"completed message {m['messageId']} delivered again to {group}"
             assert m["retryCount"] == self.ended_without_completion.get(key, 0), m
+            assert self.q.now >= self.not_before.get(key, 0), f"{m['messageId']} delivered before its retry time"
             by_partition.setdefault(m["partitionId"], []).append(m["offset"])
             if auto:
                 self.completed[key] = True
@@ -79,6 +86,9 @@ class QueueModel(RuleBasedStateMachine):
             self.completed[key] = True
         else:
             self.ended_without_completion[key] = self.ended_without_completion.get(key, 0) + 1
+            if status == "failed":
+                count = self.ended_without_completion[key]
+                self.not_before[key] = self.q.now + min(RETRY_DELAY_MS * 2 ** (count - 1), RETRY_DELAY_MAX_MS)
             # the lease ended on that partition: its other messages there return, unchanged
             self.held = [(g, m) for g, m in self.held
                          if not (g == group and m["leaseId"] == message["leaseId"] and m["partitionId"] == message["partitionId"])]

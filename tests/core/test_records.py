@@ -28,7 +28,7 @@ SAMPLES = [
     rec.LeaseExtend(18, "orders", "g", 15, T + 600_000),
     rec.Remove(19, "orders", 11, 5, True, T),
     rec.GroupPartition32("orders", "g", 11, 2, b"\x3a\x30\x00\x00\x00\x00\x00\x00", [], []),
-    rec.GroupPartition("orders", "g", 11, 2, BitMap64([4, 1 << 33]).serialize(), [3, 1], [5, "boom", T]),
+    rec.GroupPartition("orders", "g", 11, 2, BitMap64([4, 1 << 33]).serialize(), [3, 1, T + 200, 6, 2, 0], [5, "boom", T]),
     rec.Dedupe("orders", 11, ["t1"], b"\x00" * 32),
     rec.PartitionState("orders", 11, 9, 2),
     rec.PartitionMessages("orders", 11, b"\x00" * 8, b"\x01\x00\x00\x00", b"x"),
@@ -36,6 +36,9 @@ SAMPLES = [
     rec.TimerCancel(21, "orders", "reminder"),
     rec.TimerFired(22, "orders", "reminder"),
     rec.PendingTimers("orders", ["reminder"], b"\x01\x00\x00\x00", b"x"),
+    rec.TimerSchedule("orders", "daily", 0, "0 9 * * *", "Europe/Berlin"),
+    rec.TimerRearm(23, "orders", "daily", T + 86_400_000),
+    rec.PendingSchedules("orders", ["daily"], b"\x01\x00\x00\x00", b"x"),
 ]
 
 
@@ -90,3 +93,11 @@ def test_a_record_breaking_its_field_checks_or_of_an_unknown_kind_is_refused():
         rec.decode(flat[:-1])  # a field short
     with pytest.raises(rec.UnknownKind, match="newer build"):
         rec.decode([99, "x"])
+
+
+@pytest.mark.parametrize("fields", [(0, None, None), (0, "0 9 * * *", None), (1000, "0 9 * * *", "UTC"),
+                                    (1000, None, "UTC"), (-1, None, None)])
+def test_a_timer_schedule_is_a_period_or_a_cron_in_a_zone_never_both_or_neither(fields):
+    with pytest.raises(rec.RecordError, match="malformed timer_schedule"):
+        rec.decode([int(rec.Kind.TIMER_SCHEDULE), "orders", "k", *fields])
+    assert rec.decode([int(rec.Kind.TIMER_SCHEDULE), "orders", "k", 1000, None, None])

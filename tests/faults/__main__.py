@@ -27,8 +27,8 @@ from tests.faults.controls import CONTROLS, run_control
 from tests.faults.workloads import WORKLOADS
 
 # Crashes per run in the soak: many short cycles, so the count of restarts grows fast.
-SOAK_KILLS = {"kv": 12, "locks": 6, "queues": 8, "timers": 8}
-SOAK_SCALE = {"kv": 2.0, "locks": 0.6, "queues": 1.0, "timers": 1.0}
+SOAK_KILLS = {"kv": 12, "locks": 6, "queues": 8, "timers": 8, "recurring": 6, "transactions": 6}
+SOAK_SCALE = {"kv": 2.0, "locks": 0.6, "queues": 1.0, "timers": 1.0, "recurring": 1.0, "transactions": 1.0}
 # Seeds the simulation runs even when the workloads took all the time (a short soak).
 SIMULATION_SEEDS_MIN = 20
 

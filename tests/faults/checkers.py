@@ -59,6 +59,14 @@ Timers (`check_timers`):
 * `TimerDelivery(marker, created_at, message_id)`: a message the timer queue delivered, found by
   the marker in its payload; created_at is the message's createdAt (server clock).
 
+Recurring timers (`check_recurring`):
+
+* `Recurrence(key, at, every, cancelled_at)`: the client scheduled timer `key` to fire every
+  `every` ms from `at` (answered scheduled), and invoked its cancel at `cancelled_at` (answered
+  cancelled), the end of its history.
+* `PeriodDelivery(key, period, created_at, message_id)`: a message of the timer queue, its
+  transactionId `<key>@<period>`; created_at is its createdAt (the fire's time, server clock).
+
 Lock-protected read-modify-write (`check_set_full`):
 
 * `Add(element, answered, invoked_at, completed_at)`: a holder read the list, and wrote it back
@@ -500,6 +508,81 @@ def check_timers(schedules: list[Schedule], cancels: list[Cancel], deliveries: l
                 continue
             if latest.marker not in fired:
                 violations.append({"kind": "never_fired", "schedule": _ev(latest), "end_ms": end_ms})
+    return violations
+
+
+# ---------------------------------------------------------------------------------------------
+# Recurring timers
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recurrence:
+    key: str
+    at: int
+    every: int
+    cancelled_at: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeriodDelivery:
+    key: str
+    period: int
+    created_at: int
+    message_id: str
+
+
+def check_recurring(recurrences: list[Recurrence], deliveries: list[PeriodDelivery], *, tolerance_ms: int = 0,
+                    margin_ms: int = 0) -> list[dict]:
+    """Check the history of recurring timers with fixed periods. A fire re-arms its timer for the
+    first period after the fire (its message's createdAt), so a late fire (a downtime) stands for
+    every period it passed, and the periods a key's messages name are a chain: the first is `at`,
+    each next one is the first period after the previous message's createdAt.
+
+    "unexplained": a delivery of a key never scheduled.
+    "off_period": a period not at + n * every.
+    "early": a message created before its period (less tolerance).
+    "twice": one period of a key delivered as two messageIds (a period fired twice).
+    "skipped": the chain's next period, or its first (`at`), is missing while a later one came (a
+    period lost: neither fired nor merged into a late fire).
+    "extra": a period between a message and the first period after it (a burst of catch-up fires,
+    or a re-arm to the wrong time).
+    "fired_after_cancel": a message created after the invoke of its key's cancel (plus tolerance).
+    "never_fired": the chain's next period after the last message was due more than margin_ms
+    before the key's cancel, yet never came."""
+    violations: list[dict] = []
+    schedules = {recurrence.key: recurrence for recurrence in recurrences}
+    by_period: dict[str, dict[int, dict[str, PeriodDelivery]]] = defaultdict(lambda: defaultdict(dict))
+    for delivery in deliveries:
+        schedule = schedules.get(delivery.key)
+        if schedule is None:
+            violations.append({"kind": "unexplained", "delivery": _ev(delivery)})
+            continue
+        by_period[delivery.key][delivery.period].setdefault(delivery.message_id, delivery)
+        if delivery.period < schedule.at or (delivery.period - schedule.at) % schedule.every:
+            violations.append({"kind": "off_period", "delivery": _ev(delivery), "schedule": _ev(schedule)})
+        if delivery.created_at < delivery.period - tolerance_ms:
+            violations.append({"kind": "early", "delivery": _ev(delivery)})
+        if delivery.created_at > schedule.cancelled_at + tolerance_ms:
+            violations.append({"kind": "fired_after_cancel", "delivery": _ev(delivery), "schedule": _ev(schedule)})
+
+    for schedule in recurrences:
+        periods = by_period.get(schedule.key, {})
+        for messages in periods.values():
+            if len(messages) > 1:
+                violations.append({"kind": "twice", "deliveries": [_ev(d) for d in messages.values()]})
+        expected, after = schedule.at, None  # the chain's next period, and the message it follows
+        for period in sorted(periods):
+            if period > expected:
+                violations.append({"kind": "skipped", "key": schedule.key, "expected": expected, "got": period,
+                                   "after": after and _ev(after)})
+            elif period < expected:
+                violations.append({"kind": "extra", "key": schedule.key, "expected": expected, "got": period,
+                                   "after": after and _ev(after)})
+            after = min(periods[period].values(), key=lambda d: d.created_at)
+            expected = period + max(1, (after.created_at - period) // schedule.every + 1) * schedule.every
+        if expected < schedule.cancelled_at - margin_ms:
+            violations.append({"kind": "never_fired", "key": schedule.key, "expected": expected,
+                               "cancelled_at": schedule.cancelled_at, "after": after and _ev(after)})
     return violations
 
 

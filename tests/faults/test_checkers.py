@@ -13,8 +13,10 @@ from tests.faults.checkers import (
     Delivery,
     Grant,
     Loss,
+    PeriodDelivery,
     Push,
     Read,
+    Recurrence,
     Release,
     Renewal,
     Schedule,
@@ -22,6 +24,7 @@ from tests.faults.checkers import (
     TimerDelivery,
     TxnState,
     check_leases,
+    check_recurring,
     check_set_full,
     check_timers,
     check_total_queue,
@@ -535,3 +538,39 @@ def test_an_acknowledged_transaction_lost_and_a_message_pushed_twice_are_caught(
     assert [v["kind"] for v in twice] == ["twice"]
     refused = check_transactions([Step(n=0, answered="lease_lost")], _txn_state([True]))
     assert [v["kind"] for v in refused] == ["applied_after_miss"]
+
+
+# -- recurring timers ------------------------------------------------------------------------------
+
+EVERY = Recurrence(key="r", at=1_000, every=100, cancelled_at=2_000)
+
+
+def period(p, created=None, mid=None):
+    return PeriodDelivery(key="r", period=p, created_at=p + 5 if created is None else created,
+                          message_id=str(p if mid is None else mid))
+
+
+def recurring_kinds(deliveries, recurrence=EVERY):
+    return sorted({v["kind"] for v in check_recurring([recurrence], deliveries, margin_ms=100)})
+
+
+def test_valid_recurring_history_passes_with_a_catch_up_fire_and_a_redelivery():
+    chain = [period(p) for p in range(1_000, 1_400, 100)]
+    chain.append(period(1_400, created=1_777))  # down from 1_400 to 1_777: one fire for 1_400 to 1_700
+    chain += [period(p) for p in range(1_800, 2_000, 100)]
+    chain.append(period(1_800))  # the same message again (its ack was lost)
+    assert check_recurring([EVERY], chain, margin_ms=100) == []
+
+
+def test_recurring_violations_are_reported():
+    ok = [period(p) for p in range(1_000, 2_000, 100)]
+    assert recurring_kinds([d for d in ok if d.period != 1_300]) == ["skipped"]
+    assert recurring_kinds([d for d in ok if d.period != 1_000]) == ["skipped"]  # the first period, too
+    assert recurring_kinds([period(1_000, created=1_250), *(d for d in ok if d.period > 1_000)]) == ["extra"]  # a burst
+    assert recurring_kinds(ok + [period(1_300, mid="again")]) == ["twice"]
+    assert recurring_kinds([period(1_000, created=990), *ok[1:]]) == ["early"]
+    assert recurring_kinds(ok + [period(2_000), period(2_100)]) == ["fired_after_cancel"]
+    assert recurring_kinds(ok[:5]) == ["never_fired"]
+    assert recurring_kinds(ok + [period(1_050)]) == ["extra", "off_period"]
+    assert recurring_kinds([PeriodDelivery(key="x", period=1, created_at=1, message_id="1")]) == ["never_fired",
+                                                                                                  "unexplained"]

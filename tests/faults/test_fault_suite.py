@@ -12,7 +12,8 @@ from tests.faults.controls import CONTROLS, run_control
 from tests.faults.workloads import OUTCOMES, WORKLOADS, start_target
 
 # (kills, scale) of each workload in CI: a few crashes each, a few seconds each.
-CI_RUNS = {"kv": (4, 1.0), "locks": (3, 0.3), "queues": (3, 0.4), "timers": (3, 1.0), "transactions": (4, 0.5)}
+CI_RUNS = {"kv": (4, 1.0), "locks": (3, 0.3), "queues": (3, 0.4), "timers": (3, 1.0), "recurring": (3, 1.0),
+           "transactions": (4, 0.5)}
 SEED = 20261201
 
 

@@ -16,6 +16,10 @@ replays the same workload and the same crash plan, not the same interleaving.
   delivered after its completion, and no partition leased to two consumers at once (P1, P6).
 - timers: keys scheduled, moved and cancelled; the timer queue consumed. Never early, exactly
   once, never after a cancel or a move (P1, P5).
+- recurring: timers firing once per period (everyMs) into their partitions, consumed with leases
+  and acks. Each period's message exactly once (named by its period, deduplicated by the
+  partition), never early, none skipped but those a downtime merges into one catch-up fire, and
+  none after the cancel (P1, P5).
 - transactions: a chain of steps, each putting a row, acking a held message, pushing a message,
   scheduling a timer and cancelling the previous step's: every step all or nothing, every
   acknowledged one there (P1, P10).
@@ -40,8 +44,10 @@ from tests.faults.checkers import (
     Cancel,
     Delivery,
     Grant,
+    PeriodDelivery,
     Push,
     Read,
+    Recurrence,
     Release,
     Renewal,
     Schedule,
@@ -50,6 +56,7 @@ from tests.faults.checkers import (
     TxnState,
     ack_answer,
     check_leases,
+    check_recurring,
     check_set_full,
     check_timers,
     check_total_queue,
@@ -492,13 +499,27 @@ def run_timers(work_dir: str, seed: int, kills: int = 3, control: str = "", scal
                        power_loss_share, failpoint_share)
     target.restart()
     client = JsonClient(target)
-    # Everything due has fired once the clock is past the last `at` and a long poll comes back empty.
+    # Drained when the server says no timer due by the last `at` is still pending (each fired into
+    # the queue) and a poll then comes back empty. Judged on the server's own state, not on how soon
+    # a busy machine runs its ticks: a failed request is never taken for an empty queue.
     end_ms = 0
-    for _ in range(200):
-        invoked = now_ms()
-        if not consume_once(client, 500) and invoked > latest_at[0] + 500:
-            end_ms = invoked - 300  # fires run within a tick or two of their time
+    for _ in range(400):
+        if now_ms() <= latest_at[0]:
+            consume_once(client, 200)
+            continue
+        info = client.request("GET", f"/api/v1/resources/queues/{TIMER_QUEUE}")
+        next_at = None if info is None else info["timers"]["nextAt"]
+        if info is None or (next_at is not None and next_at <= latest_at[0]):
+            consume_once(client, 200)
+            continue
+        answer = client.request("GET", f"/api/v1/pop/queue/{TIMER_QUEUE}?batch=50&partitions=3&autoAck=true")
+        if answer is not None and not answer["messages"]:
+            end_ms = latest_at[0] + 1  # every schedule due by then has fired and been taken
             break
+        if answer is not None:
+            with lock:
+                fired.extend(TimerDelivery(marker=m["data"]["m"], created_at=m["createdAt"], message_id=m["messageId"])
+                             for m in answer["messages"])
     client.close()
     target.server.stop()
     outcome = Outcome("timers", seed, control, ops=len(schedules) + len(cancels) + len(fired), histories=1,
@@ -507,6 +528,114 @@ def run_timers(work_dir: str, seed: int, kills: int = 3, control: str = "", scal
     if not end_ms:
         outcome.violations.append({"kind": "not_drained", "latest_at": latest_at[0]})
     outcome.detail = f"({len(schedules)} schedules, {len(cancels)} cancels, {len(fired)} fired)"
+    return _finish(outcome, target, clients)
+
+
+# -- recurring timers ----------------------------------------------------------------------------
+
+RECURRING_QUEUE = "fr"
+RECURRING_KEYS = 10
+RECURRING_PERIOD_MS = 1_000  # the shortest period a recurring timer takes
+# The last restart's clock is this far ahead: to the server, a downtime of several periods, so every
+# run has catch-up fires (a crash's own downtime may be shorter than a period).
+RECURRING_DOWNTIME_MS = 5_000
+
+
+def run_recurring(work_dir: str, seed: int, kills: int = 3, control: str = "", scale: float = 1.0,
+                  power_loss_share: float = 0.5, failpoint_share: float = 0.4) -> Outcome:
+    """Recurring timers, each in its own partition, their phases spread over the period, fire
+    while a consumer pops (under 1 s leases) and acks; the server is crashed `kills` times, then
+    stopped and started once more with its clock RECURRING_DOWNTIME_MS ahead (a downtime of
+    several periods, to the server), the timers cancelled and the queue drained. Times in the
+    history are the server's: the cancels' are moved by that offset."""
+    rng = random.Random(seed)
+    deliveries: list[PeriodDelivery] = []
+    calls = Counter()  # the clients' requests, by kind
+    lock = threading.Lock()
+    target = start_target(work_dir, control)
+    setup = JsonClient(target)
+    assert setup.request("POST", "/api/v1/configure", {"queue": RECURRING_QUEUE, "options": {
+        "leaseTimeSeconds": 1}})["configured"]
+    timers = JsonClient(target, "/api/v1/timers")
+    first = now_ms() + 300
+    starts = {}
+    for n in range(RECURRING_KEYS):
+        key = f"r{n}"
+        at = first + n * RECURRING_PERIOD_MS // RECURRING_KEYS
+        answer = timers.call({"op": "schedule", "queue": RECURRING_QUEUE, "key": key, "partition": key, "at": at,
+                              "everyMs": RECURRING_PERIOD_MS, "payload": {"key": key}})
+        assert answer["scheduled"] and answer["at"] == at and answer["everyMs"] == RECURRING_PERIOD_MS, answer
+        starts[key] = at
+    settle = max(RECURRING_KEYS, int(60 * scale))  # deliveries after the last crash before the consumer stops
+
+    def consume_once(client: JsonClient, wait_ms: int) -> bool | None:
+        """One pop and an ack of each of its messages; False when it found nothing, None when the
+        request failed (the server went away: a lease taken runs out and its messages come again,
+        under the same messageIds)."""
+        answer = client.request("GET", f"/api/v1/pop/queue/{RECURRING_QUEUE}?batch=50&partitions={RECURRING_KEYS}"
+                                f"&waitMs={wait_ms}", timeout_s=10 + wait_ms / 1000)
+        calls["pop"] += 1
+        if answer is None:
+            return None
+        if not answer["success"]:
+            return False
+        got = []
+        for m in answer["messages"]:
+            key, _, period = m["transactionId"].rpartition("@")
+            got.append(PeriodDelivery(key=key, period=int(period), created_at=m["createdAt"],
+                                      message_id=str(m["messageId"])))
+        with lock:
+            deliveries.extend(got)
+        for m in answer["messages"]:
+            calls["ack"] += 1
+            if client.request("POST", "/api/v1/ack", {"partitionId": m["partitionId"], "leaseId": answer["leaseId"],
+                                                       "offset": m["offset"]}) is None:
+                break  # the server went away: stop relying on the lease
+        return True
+
+    def consumer(target: Target) -> None:
+        client = JsonClient(target)
+        after_crashes = None
+        while after_crashes is None or len(deliveries) < after_crashes + settle:
+            if after_crashes is None and sum(target.faults.values()) >= kills:
+                after_crashes = len(deliveries)
+            consume_once(client, 500)
+        client.close()
+
+    clients = Clients()
+    clients.add(consumer, target)
+    kill_while_running(target, clients.threads, lambda: len(deliveries), kills, rng, (RECURRING_KEYS, 3 * RECURRING_KEYS),
+                       power_loss_share, failpoint_share)
+    target.env = {**target.env, "QUEEN_FAULT_WALL_OFFSET_MS": str(RECURRING_DOWNTIME_MS)}
+    target.restart()  # after the stop at the end of the kill loop: a downtime of five periods
+    client = JsonClient(target)
+    while consume_once(client, 2 * RECURRING_PERIOD_MS) is not True:
+        pass  # until the catch-up fires have come
+    cancelled_at = {}
+    for key in starts:
+        while True:
+            invoked = now_ms()
+            answer = timers.call({"op": "cancel", "queue": RECURRING_QUEUE, "key": key})
+            if answer is not None:
+                assert answer["cancelled"], answer  # a recurring timer is pending until cancelled
+                cancelled_at[key] = invoked + RECURRING_DOWNTIME_MS  # on the server's clock
+                break
+    # Drained: a pop that waited past the last lease's end found nothing (a failed one proves nothing).
+    while consume_once(client, 1_500) is not False:
+        pass
+    client.close()
+    timers.close()
+    setup.close()
+    target.server.stop()
+    recurrences = [Recurrence(key=key, at=at, every=RECURRING_PERIOD_MS, cancelled_at=cancelled_at[key])
+                   for key, at in starts.items()]
+    outcome = Outcome("recurring", seed, control, ops=2 * RECURRING_KEYS + calls["pop"] + calls["ack"],
+                      histories=RECURRING_KEYS, promises=("P1", "P5"))
+    outcome.violations += check_recurring(recurrences, deliveries, tolerance_ms=TOLERANCE_MS,
+                                          margin_ms=RECURRING_PERIOD_MS)
+    periods = {(d.key, d.period) for d in deliveries}
+    merged = sum(1 for d in deliveries if d.created_at - d.period >= RECURRING_PERIOD_MS)
+    outcome.detail = f"({len(periods)} periods, {merged} catch-up fires)"
     return _finish(outcome, target, clients)
 
 
@@ -586,4 +715,4 @@ def run_transactions(work_dir: str, seed: int, kills: int = 3, control: str = ""
 
 
 WORKLOADS = {"kv": run_kv, "locks": run_locks, "queues": run_queues, "timers": run_timers,
-             "transactions": run_transactions}
+             "recurring": run_recurring, "transactions": run_transactions}

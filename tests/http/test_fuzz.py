@@ -84,7 +84,14 @@ def timer_op(r, txn=False):
     if op == "schedule":
         raw["partition"] = r.choice(["p", "p2"])
         raw["payload"] = value(r)
-        raw["delayMs"] = r.randrange(0, 10_000)
+        roll = r.random()
+        if roll < 0.15:  # recurring, on a cron schedule in a zone
+            raw["cron"] = r.choice(["*/5 * * * *", "0 9 * * 1-5", "30 2 * * *", "61 * * * *", "* * */20 * 1L"])
+            raw["timezone"] = r.choice(["UTC", "Europe/Berlin", "America/New_York", "Mars/Base", "localtime"])
+        else:
+            raw["delayMs"] = r.randrange(0, 10_000)
+            if roll < 0.3:  # recurring, with a fixed period from its first time
+                raw["everyMs"] = r.randrange(1_000, 100_000)
     return raw
 
 

@@ -32,11 +32,14 @@ def test_pop_wait_and_timeout_are_wait_ms_clamped_to_the_longest_wait():
 
 def test_configure_renames_its_options_and_passes_unimplemented_ones_only_when_they_ask_for_nothing():
     document = {"queue": "q", "namespace": None, "task": None,
-                "options": {"leaseTime": 60, "delayedProcessing": 5, "priority": 0, "encryptionEnabled": False}}
+                "options": {"leaseTime": 60, "delayedProcessing": 5, "retryDelay": 1000, "priority": 0,
+                            "encryptionEnabled": False}}
     assert parse_configure(queen_mq.configure_document(document), LIMITS) == (
-        "q", {"leaseTimeSeconds": 60, "delayedProcessingSeconds": 5})
-    for options, code in (({"priority": 5}, "unsupported_option"), ({"retryDelay": 1}, "unsupported_option"),
-                          ({"leaseTime": 5, "leaseTimeSeconds": 6}, "option_conflict")):
+        "q", {"leaseTimeSeconds": 60, "delayedProcessingSeconds": 5, "retryDelayMs": 1000})
+    for options, code in (({"priority": 5}, "unsupported_option"), ({"deadLetterQueue": "dead"}, "unsupported_option"),
+                          ({"leaseTime": 5, "leaseTimeSeconds": 6}, "option_conflict"),
+                          ({"retryDelay": 5, "retryDelayMs": 6}, "option_conflict"),
+                          ({"retryDelay": -1}, "invalid_option"), ({"retryDelay": 1.5}, "invalid_option")):
         with pytest.raises(BadRequest) as caught:
             parse_configure(queen_mq.configure_document({"queue": "q", "options": options}), LIMITS)
         assert caught.value.code == code

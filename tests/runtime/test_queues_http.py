@@ -215,8 +215,56 @@ async def test_queue_metrics(tmp_path, autojump_clock):
         text = text.decode()
         for line in ('queen_queue_messages{queue="orders"} 2', 'queen_queue_pending{queue="orders",group="__QUEUE_MODE__"} 2',
                      'queen_queue_in_flight{queue="orders",group="__QUEUE_MODE__"} 0', 'queen_push_total{result="queued"} 2',
-                     'queen_push_total{result="duplicate"} 1', 'queen_redeliveries_total{cause="failed"} 1'):
+                     'queen_push_total{result="duplicate"} 1',
+                     'queen_redeliveries_total{queue="orders",cause="failed"} 1'):
             assert line in text, line
+
+
+async def test_metrics_an_on_call_person_alerts_on_and_the_dlq_and_expiry_log_lines(tmp_path, autojump_clock, caplog):
+    """Oldest unfinished message's age, parked pops, redeliveries and DLQ moves by queue; a DLQ
+    move logged at info, a lease expiry at debug."""
+    caplog.set_level("DEBUG", logger="queen.runtime.steps")
+
+    def sample(text: str, name: str) -> float:
+        [value] = [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.rsplit(" ", 1)[0] == name]
+        return float(value)
+
+    async with open_server(tmp_path / "d") as server:
+        c = HttpClient(server.port)
+        await c.request("POST", "/api/v1/configure", {"queue": "mail", "options": {"leaseTimeSeconds": 2,
+                                                                                   "retryLimit": 1}})
+        await push(c, "first", queue="mail")
+        await trio.sleep(30)
+        await push(c, "second", queue="mail")
+        got = await pop(c, "/api/v1/pop/queue/mail")  # "first", in flight: still unfinished
+        await trio.sleep(2.5)  # its lease expires: redelivered
+        _, text = await c.request("GET", "/metrics")
+        text = text.decode()
+        age = sample(text, 'queen_queue_oldest_pending_age_seconds{queue="mail",group="__QUEUE_MODE__"}')
+        assert 32.4 <= age <= 32.6
+        assert sample(text, 'queen_redeliveries_total{queue="mail",cause="expired"}') == 1
+        again = await pop(c, "/api/v1/pop/queue/mail")
+        assert again["messages"][0]["data"] == "first" and again["messages"][0]["retryCount"] == 1
+        await ack(c, again["messages"][0], status="failed", error="smtp refused")  # past retryLimit: the DLQ
+
+        async def idle_consumer():
+            await pop(HttpClient(server.port), "/api/v1/pop/queue/empty", waitMs=5_000)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(idle_consumer)
+            await trio.testing.wait_all_tasks_blocked()
+            _, text = await c.request("GET", "/metrics")
+            text = text.decode()
+        assert sample(text, "queen_pops_parked") == 1
+        assert sample(text, 'queen_dlq_moves_total{queue="mail"}') == 1
+        age = sample(text, 'queen_queue_oldest_pending_age_seconds{queue="mail",group="__QUEUE_MODE__"}')
+        assert 2.4 <= age <= 2.6 + 5  # now "second", pushed 2.5 s (and the parked pop's wait) ago
+        assert got["messages"][0]["data"] == "first"
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "queen.runtime.steps"]
+    assert ("INFO", "event=dlq_move queue=mail group=__QUEUE_MODE__ partition=p offset=0 retry_count=2 "
+                    "error='smtp refused'") in messages
+    assert any(level == "DEBUG" and text.startswith("event=lease_expired queue=mail group=__QUEUE_MODE__ ")
+               and text.endswith(" messages=1") for level, text in messages)
 
 
 async def test_a_parked_pop_answers_503_when_the_server_stops(tmp_path, autojump_clock):
@@ -260,3 +308,42 @@ async def test_acks_naming_offsets_past_2_to_the_32_are_not_delivered_and_the_se
         assert status == 200, health
         assert (await ack(c, message))["success"] is True
         await push(c, "c")  # writes go on
+
+
+async def test_the_retry_backoff_over_http_in_either_spelling_and_its_bounds(tmp_path, autojump_clock):
+    async with open_server(tmp_path / "d") as server:
+        c = HttpClient(server.port)
+        status, body = await c.request("POST", "/api/v1/configure", {"queue": "orders", "options": {
+            "retryDelayMs": 200, "retryDelayMaxMs": 1_000}})
+        assert status == 200 and (body["options"]["retryDelayMs"], body["options"]["retryDelayMaxMs"]) == (200, 1_000)
+        for options, option, low, high in (({"retryDelayMs": -1}, "retryDelayMs", 0, 86_400_000),
+                                           ({"retryDelayMs": 86_400_001}, "retryDelayMs", 0, 86_400_000),
+                                           ({"retryDelayMs": 2.5}, "retryDelayMs", 0, 86_400_000),
+                                           ({"retryDelayMaxMs": 0}, "retryDelayMaxMs", 1, 86_400_000),
+                                           ({"retryDelay": 86_400_001}, "retryDelayMs", 0, 86_400_000)):
+            status, body = await c.request("POST", "/api/v1/configure", {"queue": "orders", "options": options})
+            assert status == 400 and body["error"]["code"] == "invalid_option", options
+            assert body["error"]["details"] == {"option": option, "min": low, "max": high}
+            assert f"{option} must be an integer from {low} to {high}" in body["error"]["message"]
+        status, body = await c.request("POST", "/api/v1/configure", {"queue": "orders", "options": {"retryDelay": 500},
+                                                                      "namespace": None, "task": None})
+        assert status == 200 and body["options"]["retryDelayMs"] == 500 and body["options"]["retryDelayMaxMs"] == 1_000
+        status, body = await c.request("POST", "/api/v1/configure", {"queue": "orders", "options": {
+            "retryDelay": 500, "retryDelayMs": 500}})
+        assert (status, body["error"]["code"]) == (400, "option_conflict")
+        _, info = await c.request("GET", "/api/v1/resources/queues/orders")
+        assert (info["options"]["retryDelayMs"], info["options"]["retryDelayMaxMs"]) == (500, 1_000)
+
+        # Held back 500 ms on the server: a parked pop is answered when that time comes, within a tick.
+        await push(c, "m")
+        got = await pop(c)
+        failing_at = trio.current_time()
+        await ack(c, got["messages"][0], status="failed")
+        failed_at = trio.current_time()
+        _, parts = await c.request("GET", "/api/v1/resources/queues/orders/partitions")
+        assert parts["items"][0]["groups"][0]["retryAt"] is not None
+        again = await pop(HttpClient(server.port), waitMs=10_000)
+        assert failing_at + 0.5 <= trio.current_time() <= failed_at + 0.5 + TICK_S + 0.001
+        assert again["messages"][0]["retryCount"] == 1
+        _, parts = await c.request("GET", "/api/v1/resources/queues/orders/partitions")
+        assert parts["items"][0]["groups"][0]["retryAt"] is None

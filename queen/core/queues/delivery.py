@@ -3,6 +3,10 @@ head first, one lease per partition and group), which messages of each (head of 
 batch and byte budgets), and the pops parked until something can be delivered, served first come
 first served after any step that may have made something deliverable.
 
+A message may be delivered once its available_at has come (delayedProcessingSeconds) and, if the
+retry backoff holds it back, its retry time too (GroupState.retry_at): until then it is not
+available, and neither is anything behind it in its partition.
+
 A mixin of QueueTable (queen/core/queues/table.py), which owns the state and every transition:
 these methods decide, then record a grant through the table's `_apply_grant`, as replay does.
 Split out by verb, as etcd splits its store's methods across files, to keep each file to one idea.
@@ -64,7 +68,7 @@ class Delivery:
             if state.lease is not None:
                 if state.lease.expires_at_ms > now_ms:
                     head = partition.messages.get(state.floor)
-                    held = head is not None and available_at(head) <= now_ms
+                    held = head is not None and ready_at(head, state) <= now_ms
                     return None, QueueReason.LEASE_HELD if held else QueueReason.EMPTY
                 self._expire(queue, group, state.lease, now_ms, records)
             offsets, _ = self._take(partition, state, now_ms, left, bytes_left, not taken)
@@ -76,34 +80,44 @@ class Delivery:
                 self._expire(queue, group, lease, now_ms, records)
             heap = group.ready
             while heap and left > 0 and len(taken) < op.partitions:
-                available_at_ms, partition_id = heap[0]
+                ready_at_ms, partition_id = heap[0]
                 partition = queue.by_id.get(partition_id)
                 state = partition.groups.get(group.name) if partition is not None else None
-                if state is None:
-                    heapq.heappop(heap)
+                if state is None or state.ready_at_ms != ready_at_ms:
+                    heapq.heappop(heap)  # its partition or group is gone, or an earlier entry superseded it
                     continue
                 if state.lease is not None:
                     if state.lease.expires_at_ms > now_ms:
                         heapq.heappop(heap)
-                        state.in_heap = False
+                        state.ready_at_ms = None
                         continue
+                    # Its messages come back (held back by the retry backoff, if the queue has one):
+                    # the lease's end files the partition again, so look at the heap afresh.
                     self._expire(queue, group, state.lease, now_ms, records)
+                    continue
                 head = partition.messages.get(state.floor) if state.floor < partition.next_offset else None
                 if head is None:
                     heapq.heappop(heap)
-                    state.in_heap = False
+                    state.ready_at_ms = None
                     continue
-                head_available_at_ms = available_at(head)
-                if head_available_at_ms != available_at_ms:
-                    heapq.heapreplace(heap, (head_available_at_ms, partition_id))
+                # ready_at(head, state), inline: this runs for every partition a pop takes.
+                head_ready_at_ms = available_at(head)
+                retry_at = state.retry_at
+                if retry_at:
+                    retry_at_ms = retry_at.get(state.floor, 0)
+                    if retry_at_ms > head_ready_at_ms:
+                        head_ready_at_ms = retry_at_ms
+                if head_ready_at_ms != ready_at_ms:
+                    heapq.heapreplace(heap, (head_ready_at_ms, partition_id))
+                    state.ready_at_ms = head_ready_at_ms
                     continue
-                if available_at_ms > now_ms:
+                if ready_at_ms > now_ms:
                     break  # the oldest head is not available yet: none behind it is either
                 offsets, size = self._take(partition, state, now_ms, left, bytes_left, not taken)
                 if not offsets:
                     break  # the byte budget is spent
                 heapq.heappop(heap)
-                state.in_heap = False
+                state.ready_at_ms = None
                 taken.append((partition, offsets))
                 left -= len(offsets)
                 bytes_left -= size
@@ -139,10 +153,11 @@ class Delivery:
     def _take(self, partition: Partition, state: GroupState, now_ms: int, count: int, bytes_left: int,
               first: bool) -> tuple[list[int], int]:
         """Unresolved, available offsets from the floor up, in order, stopping at the first that is
-        not available (head of line), at count, or before the byte budget is passed (but at least
-        one message in an answer)."""
+        not available or is held back by the retry backoff (head of line), at count, or before the
+        byte budget is passed (but at least one message in an answer)."""
         offsets, size = [], 0
         resolved = state.resolved
+        retry_at = state.retry_at
         messages = partition.messages
         offset, end = state.floor, partition.next_offset
         while offset < end and len(offsets) < count:
@@ -153,7 +168,7 @@ class Delivery:
             if message is None:  # removed while pinned in another group's DLQ: nothing to deliver
                 offset += 1
                 continue
-            if available_at(message) > now_ms:
+            if available_at(message) > now_ms or (retry_at and retry_at.get(offset, 0) > now_ms):
                 break
             message_size = payload_bytes(message)
             if size + message_size > bytes_left and (offsets or not first):
@@ -164,12 +179,15 @@ class Delivery:
         return offsets, size
 
     def _wake_when_available(self, queue: Queue, group: Group, op: PopOp, now_ms: int) -> None:
-        """A parked pop found nothing: if what it waits for is a delayed head, have the tick mark the
-        queue when that head becomes available (nothing else would: no step changes it)."""
+        """A parked pop found nothing: if what it waits for is a head that is delayed or held back by
+        the retry backoff, have the tick mark the queue when that head may be delivered (nothing
+        else would: no step changes it). The wildcard's is the top of the ready heap: a pop that
+        found nothing has left it correct there."""
         if op.partition is not None:
             partition = queue.partitions.get(op.partition)
-            head = partition.messages.get(partition.groups[group.name].floor) if partition is not None else None
-            at_ms = available_at(head) if head is not None else 0
+            state = partition.groups[group.name] if partition is not None else None
+            head = partition.messages.get(state.floor) if partition is not None else None
+            at_ms = ready_at(head, state) if head is not None else 0
         else:
             at_ms = group.ready[0][0] if group.ready else 0
         if at_ms > now_ms:
@@ -185,8 +203,8 @@ class Delivery:
             self._serve(name, now_ms, records)
 
     def tick_parked(self, now_ms: int) -> None:
-        """Parked pops whose wait ran out answer "empty" as the timeout; queues whose awaited delayed
-        head became available are served after the step."""
+        """Parked pops whose wait ran out answer "empty" as the timeout; queues whose awaited head
+        (delayed, or held back by the retry backoff) may now be delivered are served after the step."""
         for waiter in self.parked.timed_out(now_ms):
             self.resolved.append((waiter.reply_to, waiter.position, _nothing(waiter.op, QueueReason.TIMEOUT)))
         for name in self.parked.woken(now_ms):
@@ -227,6 +245,16 @@ class Delivery:
             self.parked.unpark(waiter)
             self.resolved.append((waiter.reply_to, waiter.position,
                                   Refusal(Unavailable("shutting_down", "the server is shutting down"))))
+
+
+def ready_at(head: bytes, state: GroupState) -> int:
+    """When a group's head in a partition (its message at the floor) may be delivered: its
+    available_at, or its retry time when the retry backoff holds it back longer."""
+    ready_at_ms = available_at(head)
+    retry_at = state.retry_at
+    if retry_at:
+        return max(ready_at_ms, retry_at.get(state.floor, 0))
+    return ready_at_ms
 
 
 def _nothing(op: PopOp, reason: str) -> dict:

@@ -4,12 +4,15 @@
   - A Partition is an ordered lane of messages with dense offsets; a message is retained until
     every group has resolved it (or retention removes it).
   - A GroupState is one group's state in one partition: an ack floor (the lowest unresolved
-    offset), the resolved offsets above it, retry counts, its DLQ entries there, at most one lease.
+    offset), the resolved offsets above it, retry counts, the retry times of messages held back
+    by the queue's retry backoff, its DLQ entries there, at most one lease.
   - A Lease (its id is the version of the pop that granted it) holds partitions for one group
     until expires_at_ms; it is live while now < expires_at_ms and it still holds the partition.
-  - A Group keeps a heap of partitions that may be ready, keyed by the availability of their head
-    (oldest head first, then partition id), checked lazily when popped, so a pop costs what it
-    delivers, not the number of partitions.
+  - A Group keeps a heap of partitions that may be ready, keyed by when their head may be
+    delivered (its available_at, or its retry time if later: oldest head first, then partition
+    id), checked lazily when popped, so a pop costs what it delivers, not the number of
+    partitions. A GroupState remembers the key of its live entry there: an entry with another key
+    was superseded (by one with an earlier key) and is dropped when it comes up.
 
 Only queen/core/queues/table.py changes these; everything else reads them.
 """
@@ -28,7 +31,7 @@ from queen.core.queue_ops import PopOp
 class GroupState:
     """One group's state in one partition."""
 
-    __slots__ = ("floor", "resolved", "retries", "dlq", "lease", "in_heap")
+    __slots__ = ("floor", "resolved", "retries", "retry_at", "dlq", "lease", "ready_at_ms")
 
     def __init__(self, floor: int):
         self.floor = floor  # the lowest offset not resolved
@@ -36,9 +39,12 @@ class GroupState:
         # days at 10,000 messages a second.
         self.resolved = BitMap64()
         self.retries: dict[int, int] = {}  # offset -> deliveries that ended without completion
+        # offset -> when it may be delivered again, for messages held back by the retry backoff and
+        # not redelivered since; empty on a queue without a retry delay, so delivery checks no more.
+        self.retry_at: dict[int, int] = {}
         self.dlq: dict[int, tuple] = {}  # offset -> (error, dlq_at_ms); resolved, and kept
         self.lease: Lease | None = None
-        self.in_heap = False  # an entry for this partition is in the group's ready heap
+        self.ready_at_ms: int | None = None  # the key of this partition's live entry in the group's ready heap
 
     def unresolved(self, next_offset: int) -> int:
         return next_offset - self.floor - len(self.resolved)
@@ -89,7 +95,7 @@ class Group:
         self.joined_at_ms = joined_at_ms
         self.join_version = join_version
         self.leases: dict[int, Lease] = {}
-        self.ready: list = []  # heap of (head available_at_ms, partition id)
+        self.ready: list = []  # heap of (when the head may be delivered, partition id)
 
 
 class Queue:
@@ -141,12 +147,13 @@ class QueueStatistics:
     pushed: int
     duplicates: int
     push_failed: int
-    redelivered_failed: int
-    redelivered_expired: int
-    dlq_moves: int
+    redelivered_failed: dict  # queue -> deliveries that ended in a failed ack and were returned
+    redelivered_expired: dict  # queue -> deliveries whose lease expired and were returned
+    dlq_moves: dict  # queue -> messages moved to its DLQ
     pop_waits: int  # parked pops served
     pop_wait_ms_total: int  # how long they waited in all
-    gauges: tuple  # (queue, group, what, value): messages (group ""), pending, in_flight, dlq
+    pops_parked: int  # pops waiting now
+    gauges: tuple  # (queue, group, what, value): see queen/core/queues/views.py gauges()
 
 
 class QueueStats:
@@ -154,7 +161,14 @@ class QueueStats:
 
     def __init__(self):
         self.pushed = self.duplicates = self.push_failed = 0
-        self.redelivered_failed = self.redelivered_expired = self.dlq_moves = 0
+        # queue -> count, since the start (a restarted server counts from 0, as Prometheus expects)
+        self.redelivered_failed: dict[str, int] = {}
+        self.redelivered_expired: dict[str, int] = {}
+        self.dlq_moves: dict[str, int] = {}
+
+
+def count(counter: dict, key: str) -> None:
+    counter[key] = counter.get(key, 0) + 1
 
 
 class Growth:

@@ -1,12 +1,13 @@
 """Pops parked until something can be delivered to them (a pop with waitMs that found nothing):
 per queue and group, oldest first, so parked waiters are served first come, first served; when
-each gives up (its deadline); and when a delayed message that a queue's waiters may be waiting for
-becomes available.
+each gives up (its deadline); and when a message that a queue's waiters may be waiting for, delayed
+or held back by the retry backoff, may be delivered.
 
 It knows nothing of delivery: the queue table marks a queue dirty whenever a step may have made
 something deliverable there (an append, an ack, a lease ending, a removal), and after the step
-serves the dirty queues' waiters. Time makes something deliverable only through a delayed head, so
-the table files a wake-up for its queue here instead of looking at every waiting queue each tick.
+serves the dirty queues' waiters. Time makes something deliverable only through a head that is
+delayed or held back by the retry backoff, so the table files a wake-up for its queue here instead
+of looking at every waiting queue each tick.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class ParkedPops:
     def __init__(self, now_ms: int):
         self.by_queue: dict[str, dict[str, deque[PopWaiter]]] = {}  # queue -> group -> oldest first
         self.deadlines = TimingWheel(now_ms)  # waiter -> when it gives up
-        self.wakes = TimingWheel(now_ms)  # queue -> when a delayed head there becomes available
+        self.wakes = TimingWheel(now_ms)  # queue -> when a head held back there may be delivered
         self.served_total = 0
         self.wait_ms_total = 0
 
@@ -83,5 +84,6 @@ class ParkedPops:
         return gone
 
     def woken(self, now_ms: int) -> list[str]:
-        """The queues with waiters whose awaited delayed heads have become available."""
+        """The queues with waiters whose awaited heads (delayed, or held back by the retry backoff)
+        may now be delivered."""
         return [queue for queue in self.wakes.advance(now_ms) if queue in self.by_queue]

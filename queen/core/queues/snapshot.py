@@ -18,8 +18,8 @@ def snapshot_copy(queues: dict[str, Queue], timers: TimerTable) -> list:
     for queue in queues.values():
         partitions = []
         for partition in queue.partitions.values():
-            states = [(name, state.floor, state.resolved.copy(), dict(state.retries), dict(state.dlq))
-                      for name, state in partition.groups.items()]
+            states = [(name, state.floor, state.resolved.copy(), dict(state.retries), dict(state.retry_at),
+                       dict(state.dlq)) for name, state in partition.groups.items()]
             partitions.append((partition.id, partition.name, partition.created_at_ms, dict(partition.messages),
                                states, dict(partition.dedupe), partition.next_offset, partition.removed_below))
         groups = [(g.join_version, g.name, g.mode, g.joined_at_ms) for g in queue.groups.values()]
@@ -47,9 +47,10 @@ def snapshot_records(copies: list, out: list) -> None:
         for join_version, group, mode, joined_at_ms in groups:
             rec.group_join(out, join_version, name, group, mode, joined_at_ms)
         for partition_id, _, _, _, states, _, _, _ in partitions:
-            for group, floor, resolved, retries, dlq in states:
+            for group, floor, resolved, retries, retry_at, dlq in states:
+                # Every offset held back by the retry backoff has a retry count: one triple each.
                 rec.group_partition(out, name, group, partition_id, floor, resolved.serialize(),
-                                    [x for item in retries.items() for x in item],
+                                    [x for offset, count in retries.items() for x in (offset, count, retry_at.get(offset, 0))],
                                     [x for offset, (error, at_ms) in dlq.items() for x in (offset, error, at_ms)])
         for lease_id, group, acquired_at_ms, expires_at_ms, deliveries in leases:
             rec.grant(out, lease_id, name, group, acquired_at_ms, expires_at_ms, False, deliveries)

@@ -14,6 +14,7 @@ Never: reads a clock, awaits, or knows what a reply_to is.
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 
 from pyroaring import BitMap, BitMap64
 
@@ -36,7 +37,7 @@ from queen.core.queue_ops import (
     QueueAdmin,
 )
 from queen.core.queues import views
-from queen.core.queues.delivery import Delivery
+from queen.core.queues.delivery import Delivery, ready_at
 from queen.core.queues.model import (
     Group,
     GroupState,
@@ -47,9 +48,9 @@ from queen.core.queues.model import (
     QueueStatistics,
     QueueStats,
     Shared,
+    count,
 )
 from queen.core.queues.packed import (
-    available_at,
     created_at,
     dedupe_cost,
     pack_message,
@@ -80,8 +81,14 @@ class QueueTable(Delivery):
         self.parked = ParkedPops(now_ms)
         self.dirty: dict[str, None] = {}  # queues whose parked pops may be served now
         self.resolved: list = []  # (reply_to, position, answer) of parked pops answered
-        self.ended_leases: dict[int, str] = {}  # lease id -> group, the most recent ENDED_LEASES_KEPT
+        # lease id -> group, the most recent ENDED_LEASES_KEPT; an OrderedDict because dropping the
+        # oldest of a plain dict slows down as its deleted slots pile up at the front
+        self.ended_leases: OrderedDict[int, str] = OrderedDict()
         self.stats = QueueStats()
+        # What an operator should hear of, for the server to log after the step: ("dlq_move", queue,
+        # group, partition, offset, retry_count, error) and ("lease_expired", queue, group,
+        # lease_id, messages). Live steps only; replay adds none.
+        self.notices: list[tuple] = []
         self.timers = TimerTable(versions, shared, limits, self)
 
     def apply(self, op, now_ms: int, records: list, reply_to=None, position: int = 0):
@@ -144,12 +151,14 @@ class QueueTable(Delivery):
         return queue
 
     def _apply_queue_set(self, version: int, name: str, created_at_ms: int, options: dict) -> Queue:
+        # The defaults first: a queue_set of an earlier build lacks the options added since.
+        options = {**DEFAULT_OPTIONS, **options}
         queue = self.queues.get(name)
         if queue is None:
-            queue = self.queues[name] = Queue(name, created_at_ms, dict(options), version)
+            queue = self.queues[name] = Queue(name, created_at_ms, options, version)
             self.shared.queues += 1
         else:
-            queue.options = dict(options)
+            queue.options = options
             queue.version = version
             for partition in queue.partitions.values():
                 self._schedule_sweep(queue, partition, created_at_ms)
@@ -190,9 +199,9 @@ class QueueTable(Delivery):
 
     def statistics(self, now_ms: int) -> QueueStatistics:
         stats, parked = self.stats, self.parked
-        return QueueStatistics(stats.pushed, stats.duplicates, stats.push_failed, stats.redelivered_failed,
-                               stats.redelivered_expired, stats.dlq_moves, parked.served_total, parked.wait_ms_total,
-                               tuple(views.gauges(self.queues, now_ms)))
+        return QueueStatistics(stats.pushed, stats.duplicates, stats.push_failed, dict(stats.redelivered_failed),
+                               dict(stats.redelivered_expired), dict(stats.dlq_moves), parked.served_total,
+                               parked.wait_ms_total, len(parked), tuple(views.gauges(self.queues, now_ms)))
 
     # What the shard's timers need of its queues (queen/core/timers.py, QueueSink).
 
@@ -288,7 +297,7 @@ class QueueTable(Delivery):
         if tid is not None:
             self.producer_ids.remember(queue, partition, tid, offset, message_id, created_at_ms, until_ms)
         for name, state in partition.groups.items():
-            if state.lease is None and not state.in_heap:
+            if state.lease is None and state.ready_at_ms is None:
                 self._requeue(queue, queue.groups[name], partition, state)
         self._schedule_sweep(queue, partition, created_at_ms)
         self.dirty[queue.name] = None
@@ -299,6 +308,8 @@ class QueueTable(Delivery):
             for partition_id, offsets in deliveries:
                 partition = queue.by_id[partition_id]
                 state = partition.groups[group.name]
+                if state.retry_at:
+                    _redelivered(state.retry_at, offsets)
                 for offset in offsets:
                     self._resolve(state, offset)
                 self._requeue(queue, group, partition, state)  # no lease holds it: free for the next pop
@@ -307,6 +318,8 @@ class QueueTable(Delivery):
         for partition_id, offsets in deliveries:
             partition = queue.by_id[partition_id]
             state = partition.groups[group.name]
+            if state.retry_at:
+                _redelivered(state.retry_at, offsets)
             state.lease = lease
             lease.held[partition_id] = list(offsets)
         group.leases[lease_id] = lease
@@ -383,6 +396,7 @@ class QueueTable(Delivery):
                         state.floor += 1
                 for offset in [offset for offset in state.retries if offset < below]:
                     del state.retries[offset]
+                    state.retry_at.pop(offset, None)
 
     # ------------------------------------------------------------------------------------------
     # Ack.
@@ -546,7 +560,7 @@ class QueueTable(Delivery):
             self._message_state(queue, group.name, partition, offset, "dlq" if dlq else "pending", retry,
                                 error if dlq else None, now_ms, records)
             if not dlq:
-                self.stats.redelivered_failed += 1
+                count(self.stats.redelivered_failed, queue.name)
             released = True
             if ending is not None:
                 ending.setdefault((lease.lease_id, partition.id), [queue, group, lease, True])[3] = True
@@ -566,7 +580,8 @@ class QueueTable(Delivery):
         version = self.versions.next()
         rec.message_state(records, version, queue.name, group, partition.id, offset, state, retry, error, now_ms)
         if state == "dlq":
-            self.stats.dlq_moves += 1
+            count(self.stats.dlq_moves, queue.name)
+            self.notices.append(("dlq_move", queue.name, group, partition.name, offset, retry, error))
         self._apply_message_state(queue, group, partition, offset, state, retry, error, now_ms)
 
     def _apply_message_state(self, queue: Queue, group: str, partition: Partition, offset: int, state_name: str,
@@ -587,6 +602,12 @@ class QueueTable(Delivery):
                 self._unresolve(state, offset)
             if retry:
                 state.retries[offset] = retry
+                options = queue.options
+                delay_ms = options["retryDelayMs"]
+                if delay_ms:
+                    # From what the record holds (the failure's time and count) and the options as
+                    # they were then (queue_set records replay in order): replay holds it back alike.
+                    state.retry_at[offset] = at_ms + retry_backoff_ms(delay_ms, options["retryDelayMaxMs"], retry)
             else:
                 state.retries.pop(offset, None)
             if state.lease is None:
@@ -648,12 +669,14 @@ class QueueTable(Delivery):
         finds its message completed (answered already) after the lease auto-released."""
         self.ended_leases[lease.lease_id] = lease.group
         if len(self.ended_leases) > ENDED_LEASES_KEPT:
-            del self.ended_leases[next(iter(self.ended_leases))]
+            self.ended_leases.popitem(last=False)
 
     def _expire(self, queue: Queue, group: Group, lease: Lease, now_ms: int, records: list) -> None:
         """The lease's time passed: each message it delivered and that is still unresolved counts a
         delivery that ended without completion; the lease ends everywhere."""
         options = queue.options
+        self.notices.append(("lease_expired", queue.name, group.name, lease.lease_id,
+                             sum(len(offsets) for offsets in lease.held.values())))
         for partition_id, offsets in list(lease.held.items()):
             partition = queue.by_id.get(partition_id)
             if partition is None:
@@ -665,7 +688,7 @@ class QueueTable(Delivery):
                 self._message_state(queue, group.name, partition, offset, "dlq" if dlq else "pending", retry,
                                     "lease_expired" if dlq else None, now_ms, records)
                 if not dlq:
-                    self.stats.redelivered_expired += 1
+                    count(self.stats.redelivered_expired, queue.name)
         self._lease_end(queue, group, lease, 0, now_ms, records)
 
     def extend(self, lease_id: int, seconds: int | None, now_ms: int, records: list) -> dict:
@@ -711,22 +734,30 @@ class QueueTable(Delivery):
     # The ready heaps and waiters.
 
     def _requeue(self, queue: Queue, group: Group, partition: Partition, state: GroupState) -> None:
-        """Put a partition in the group's ready heap if it may deliver (checked again when popped)."""
-        if state.in_heap or state.lease is not None or state.floor >= partition.next_offset:
+        """Put a partition in the group's ready heap if it may deliver (checked again when popped),
+        keyed by when its head may be delivered. An entry already there with a key no later stays
+        (a pop corrects it when it comes up); one with a later key is superseded by a new entry, or
+        a pop would look at it only after every earlier key, too late (a floor brought down by a
+        requeue, or a head held back by the retry backoff removed by retention)."""
+        if state.lease is not None:
             return
-        head = partition.messages.get(state.floor)
+        head = partition.messages.get(state.floor) if state.floor < partition.next_offset else None
         if head is None:
+            state.ready_at_ms = None  # an entry left in the heap is dropped when it comes up
             return
-        heapq.heappush(group.ready, (available_at(head), partition.id))
-        state.in_heap = True
+        ready_at_ms = ready_at(head, state)
+        if state.ready_at_ms is not None and state.ready_at_ms <= ready_at_ms:
+            return
+        heapq.heappush(group.ready, (ready_at_ms, partition.id))
+        state.ready_at_ms = ready_at_ms
 
     # ------------------------------------------------------------------------------------------
     # Time.
 
     def tick(self, now_ms: int, records: list) -> None:
         """What time alone changes, looking only at what is due: leases that ran out, parked pops
-        whose wait ends or whose delayed head became available, retention, producer ids to forget,
-        timers to fire."""
+        whose wait ends or whose awaited head (delayed, or held back by the retry backoff) may now
+        be delivered, retention, producer ids to forget, timers to fire."""
         for lease_id in self.lease_wheel.advance(now_ms):
             entry = self.leases.get(lease_id)
             if entry is None:
@@ -906,9 +937,9 @@ class QueueTable(Delivery):
         elif kind is rec.Remove:
             self._apply_remove(queue, queue.by_id[record.partition_id], record.below_offset, record.dlq_too)
         elif kind is rec.GroupPartition:
-            self._apply_group_partition(queue, record, BitMap64.deserialize(record.resolved))
+            self._apply_group_partition(queue, record, BitMap64.deserialize(record.resolved), 3)
         elif kind is rec.GroupPartition32:
-            self._apply_group_partition(queue, record, BitMap64(BitMap.deserialize(record.resolved)))
+            self._apply_group_partition(queue, record, BitMap64(BitMap.deserialize(record.resolved)), 2)
         elif kind is rec.PartitionState:
             partition = queue.by_id[record.partition_id]
             partition.next_offset = record.next_offset
@@ -943,19 +974,38 @@ class QueueTable(Delivery):
         self._schedule_sweep(queue, partition, created_at(packed))
         self.dirty[queue.name] = None
 
-    def _apply_group_partition(self, queue: Queue, record, resolved: BitMap64) -> None:
+    def _apply_group_partition(self, queue: Queue, record, resolved: BitMap64, stride: int) -> None:
+        """stride: 3 for group_partition's retries, [offset, retry_count, retry_at_ms (0: none), ...];
+        2 for group_partition_32's, [offset, retry_count, ...] (builds before the retry backoff:
+        nothing is held back)."""
         partition = queue.by_id[record.partition_id]
         state = partition.groups[record.group]
         state.floor = record.floor
         state.resolved = resolved
         retries = record.retries
-        state.retries = {retries[i]: retries[i + 1] for i in range(0, len(retries), 2)}
+        state.retries = {retries[i]: retries[i + 1] for i in range(0, len(retries), stride)}
+        if stride == 3:
+            state.retry_at = {retries[i]: retries[i + 2] for i in range(0, len(retries), 3) if retries[i + 2]}
         dlq = record.dlq
         state.dlq = {dlq[i]: (dlq[i + 1], dlq[i + 2]) for i in range(0, len(dlq), 3)}
-        # The group's join already put the partition in its ready heap when it had a head; that
-        # entry stays (its key is corrected when it comes up). A second entry would let one pop
-        # take the partition twice.
+        # The group's join already put the partition in its ready heap when it had a head: that
+        # entry stays when its key is no later, and is superseded otherwise (never two live entries,
+        # which would let one pop take the partition twice).
         self._requeue(queue, queue.groups[record.group], partition, state)
 
 
-_TIMER_RECORDS = (rec.TimerSet, rec.TimerCancel, rec.TimerFired, rec.PendingTimers)
+def retry_backoff_ms(delay_ms: int, max_ms: int, retry: int) -> int:
+    """How long a message is held back after its retry-th delivery that ended without completion:
+    delay_ms doubled for each one before, at most max_ms. The shift is bounded (a delay of 1 ms
+    shifted by 40 is past any max_ms) so a count of a million costs no big integer."""
+    return min(delay_ms << min(retry - 1, 40), max_ms)
+
+
+def _redelivered(retry_at: dict, offsets: list) -> None:
+    """Offsets delivered again have served their backoff: they are held back no more."""
+    for offset in offsets:
+        retry_at.pop(offset, None)
+
+
+_TIMER_RECORDS = (rec.TimerSet, rec.TimerCancel, rec.TimerFired, rec.PendingTimers, rec.TimerSchedule,
+                  rec.TimerRearm, rec.PendingSchedules)

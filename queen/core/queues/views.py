@@ -13,7 +13,7 @@ from orjson import Fragment
 
 from queen.core.queue_ops import GENERATED_ID_PREFIX
 from queen.core.queues.model import GroupState, Partition, Queue
-from queen.core.queues.packed import unpack_message
+from queen.core.queues.packed import created_at, unpack_message
 from queen.core.timers import TimerTable
 
 
@@ -86,11 +86,18 @@ def partitions_page(queues: dict[str, Queue], name: str, group: str | None, pref
             groups.append({"consumerGroup": group_name, "ackFloor": state.floor, "pending": pending,
                            "inFlight": in_flight, "dlq": dlq,
                            "lease": {"leaseId": lease.lease_id, "acquiredAt": lease.acquired_at_ms,
-                                     "expiresAt": lease.expires_at_ms} if live else None})
+                                     "expiresAt": lease.expires_at_ms} if live else None,
+                           "retryAt": retry_at(state, now_ms)})
         items.append({"partition": partition.name, "partitionId": partition.id, "createdAt": partition.created_at_ms,
                       "firstOffset": partition.first_offset(), "nextOffset": partition.next_offset,
                       "messages": len(partition.messages), "groups": groups})
     return {"items": items, "after": names[limit - 1] if len(names) > limit else None}
+
+
+def retry_at(state: GroupState, now_ms: int) -> int | None:
+    """When the first of the group's messages in the partition that the retry backoff holds back
+    may be delivered again (None: it holds none back). The lane waits for it when it reaches it."""
+    return min((at_ms for at_ms in state.retry_at.values() if at_ms > now_ms), default=None)
 
 
 def dlq_page(queues: dict[str, Queue], name: str, group: str | None, partition_name: str | None,
@@ -126,16 +133,31 @@ def dlq_page(queues: dict[str, Queue], name: str, group: str | None, partition_n
     return {"messages": messages, "total": total, "cursor": next_cursor}
 
 
-def gauges(queues: dict[str, Queue], now_ms: int) -> list[tuple[str, str, str, int]]:
-    """(queue, group, what, value) gauges: messages (group ""), pending, in_flight, dlq."""
+def gauges(queues: dict[str, Queue], now_ms: int) -> list[tuple[str, str, str, int | float]]:
+    """(queue, group, what, value) gauges: messages (group ""); per group pending, in_flight, dlq,
+    and oldest_pending_age_seconds: how long ago the oldest message the group has not finished
+    (pending or in flight) was pushed, 0 when there is none."""
     out = []
     for queue in queues.values():
         out.append((queue.name, "", "messages", queue.messages))
         for group in queue.groups.values():
             pending, in_flight, dlq = group_counts(queue, group.name, now_ms)
             out += [(queue.name, group.name, "pending", pending), (queue.name, group.name, "in_flight", in_flight),
-                    (queue.name, group.name, "dlq", dlq)]
+                    (queue.name, group.name, "dlq", dlq),
+                    (queue.name, group.name, "oldest_pending_age_seconds",
+                     _oldest_unfinished_age_ms(queue, group.name, now_ms) / 1000)]
     return out
+
+
+def _oldest_unfinished_age_ms(queue: Queue, group: str, now_ms: int) -> int:
+    oldest = now_ms
+    for partition in queue.partitions.values():
+        state = partition.groups[group]
+        if state.unresolved(partition.next_offset) > 0:
+            packed = partition.messages.get(state.floor)  # the floor is the lowest offset not resolved
+            if packed is not None:
+                oldest = min(oldest, created_at(packed))
+    return max(0, now_ms - oldest)
 
 
 def _encode_dlq_cursor(key: tuple) -> str:
