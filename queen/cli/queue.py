@@ -262,7 +262,16 @@ async def queue_consume(args) -> int:
     stop = anyio.Event()
     signalled: list[int] = []
 
+    running = [0]  # commands running now
+
     async def run_command(message) -> None:
+        running[0] += 1
+        try:
+            await run_one(message)
+        finally:
+            running[0] -= 1
+
+    async def run_one(message) -> None:
         env = dict(os.environ, QUEEN_QUEUE=message.queue, QUEEN_GROUP=message.consumer_group,
                    QUEEN_PARTITION=message.partition, QUEEN_PARTITION_ID=str(message.partition_id),
                    QUEEN_OFFSET=str(message.offset), QUEEN_MESSAGE_ID=str(message.message_id),
@@ -304,8 +313,9 @@ async def queue_consume(args) -> int:
                 if len(signalled) > 1:
                     working.cancel()  # a second signal: no more grace (leases are still released)
                     continue
-                print(f"queen queue consume: {signal.Signals(signum).name}: stopping (running commands get "
-                      f"{args.grace})", file=sys.stderr)
+                if signum == signal.SIGTERM or running[0]:  # an idle Ctrl-C says just "interrupted"
+                    print(f"queen queue consume: {signal.Signals(signum).name}: stopping ({running[0]} running "
+                          f"command(s) get {args.grace}; a second signal stops them now)", file=sys.stderr)
                 stop.set()
 
     async with open_client(args) as client:
