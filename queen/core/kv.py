@@ -24,12 +24,19 @@ from queen.core import names
 from queen.core import records as rec
 from queen.core.limits import INT64_MAX, INT64_MIN, Limits
 from queen.core.outcomes import KvReason
+from queen.core.tenants import SEPARATOR
 from queen.core.values import json_default
 from queen.core.wheel import TimingWheel
 from queen.errors import BadRequest
 
 RESERVED_NS_PREFIX = "queen-"
-LOCKS_NS = "queen-locks"
+LOCKS_NS = "queen-locks"  # as a tenant names it; each tenant's is its own (queen/core/tenants.py)
+_LOCKS_NS_OF_A_TENANT = SEPARATOR + LOCKS_NS
+
+
+def is_locks_ns(ns: str) -> bool:
+    """Whether a stored namespace holds lock permits: the default tenant's or another's."""
+    return ns == LOCKS_NS or ns.endswith(_LOCKS_NS_OF_A_TENANT)
 PAGE_ITEMS_DEFAULT = 100
 
 
@@ -351,9 +358,9 @@ def _check_reason(row: Row | None, expect: int) -> str:
 
 
 class KvState:
-    """The rows of one shard. `freed_permits` collects, in order, the lock permit keys that stopped
-    existing by expiry (found by a read or by the wheel), for the lock table to hand on to waiters
-    in the same step."""
+    """The rows of one shard. `freed_permits` collects, in order, the lock permits (ns, key) that
+    stopped existing by expiry (found by a read or by the wheel), for the lock table to hand on to
+    waiters in the same step."""
 
     __slots__ = ("tables", "versions", "wheel", "freed_permits", "_unscheduled", "_apply")
 
@@ -361,7 +368,7 @@ class KvState:
         self.tables: dict[str, Table] = {}
         self.versions = versions
         self.wheel = TimingWheel(now_ms)
-        self.freed_permits: list[str] = []
+        self.freed_permits: list[tuple[str, str]] = []
         # Rows written with a lifetime since the last tick, filed in the wheel at that tick: a row
         # deleted before then (a lock released soon after it was acquired) never touches the wheel.
         self._unscheduled: list[tuple[str, str]] = []
@@ -380,8 +387,8 @@ class KvState:
         row = table.rows.get(key)
         if row is not None and row.expires_at_ms and row.expires_at_ms <= now_ms:
             self._drop(table, ns, key)
-            if ns == LOCKS_NS:
-                self.freed_permits.append(key)
+            if is_locks_ns(ns):
+                self.freed_permits.append((ns, key))
             return None
         return row
 
@@ -602,6 +609,6 @@ def snapshot_records(copies: list, kv: list, locks: list) -> None:
     other row to `kv`."""
     put = rec.put
     for ns, rows in copies:
-        out = locks if ns == LOCKS_NS else kv
+        out = locks if is_locks_ns(ns) else kv
         for key, r in rows.items():
             put(out, ns, key, r.value, r.version, r.create_version, r.created_at_ms, r.updated_at_ms, r.expires_at_ms)

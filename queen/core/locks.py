@@ -46,11 +46,12 @@ FIELDS = {
 
 
 class LockOp:
-    __slots__ = ("op", "name", "ttl_ms", "owner", "limit", "wait_ms", "slot", "token")
+    __slots__ = ("op", "name", "ns", "ttl_ms", "owner", "limit", "wait_ms", "slot", "token")
 
     def __init__(self, op: str, name: str):
         self.op = op
         self.name = name
+        self.ns = LOCKS_NS  # where its permits are stored: the tenant's lock namespace
         self.ttl_ms = 0
         self.owner = None
         self.limit = 1
@@ -168,7 +169,7 @@ class LockTable:
     def __init__(self, kv: KvState, now_ms: int, wait_ms_max: int = Limits.wait_ms_max):
         self.kv = kv
         self.wait_ms_max = wait_ms_max
-        self.waiters: dict[str, deque[Waiter]] = {}
+        self.waiters: dict[tuple[str, str], deque[Waiter]] = {}  # (ns, name) -> oldest first
         self.deadlines = TimingWheel(now_ms)  # Waiter -> deadline_ms, so a tick looks only at due ones
         # (reply_to, position, result) of parked acquires answered, for the caller to deliver.
         self.resolved: list = []
@@ -178,7 +179,7 @@ class LockTable:
         kind = op.op
         if kind == "acquire":
             if op.wait_ms > 0 and reply_to is not None and self._take_place_back(op, now_ms, reply_to, position):
-                self.serve(op.name, now_ms, records)  # its turn may have come while it was away
+                self.serve((op.ns, op.name), now_ms, records)  # its turn may have come while it was away
                 return None
             result = self.acquire(op, now_ms, records)
             if not result["acquired"] and op.wait_ms > 0 and reply_to is not None:
@@ -191,38 +192,40 @@ class LockTable:
             return self.release(op, now_ms, records)
         return self.get(op, now_ms)
 
-    def _rows(self, name: str, limit: int, now_ms: int) -> list:
+    def _rows(self, ns: str, name: str, limit: int, now_ms: int) -> list:
         live_row = self.kv.live_row
-        return [live_row(LOCKS_NS, permit_key(name, slot), now_ms) for slot in range(limit)]
+        return [live_row(ns, permit_key(name, slot), now_ms) for slot in range(limit)]
 
     def acquire(self, op: LockOp, now_ms: int, records: list) -> dict:
         kv = self.kv
-        name = op.name
-        if name in self.waiters:
+        name, ns = op.name, op.ns
+        line = (ns, name)
+        waiters = self.waiters
+        if waiters and line in waiters:
             # A permit may have expired since the last tick: it belongs to the oldest waiter.
-            self.serve(name, now_ms, records)
+            self.serve(line, now_ms, records)
         owner = op.owner
         if op.limit == 1:  # the common case, without the lists
             key = name + "#0"
-            row = kv.live_row(LOCKS_NS, key, now_ms)
+            row = kv.live_row(ns, key, now_ms)
             if row is None:
-                if name not in self.waiters:
-                    return self._granted(name, 0, key, kv.write(LOCKS_NS, key, owner, op.ttl_ms, None, now_ms, records))
+                if line not in waiters:
+                    return self._granted(name, 0, key, kv.write(ns, key, owner, op.ttl_ms, None, now_ms, records))
             elif owner is not None and row.value == owner:
                 return self._granted(name, 0, key, row, already=True)
             return {"name": name, "acquired": False, "reason": LockReason.HELD,
                     "holders": [] if row is None else [holder(0, row)]}
         keys = [f"{name}#{slot}" for slot in range(op.limit)]
         live_row = kv.live_row
-        rows = [live_row(LOCKS_NS, key, now_ms) for key in keys]
+        rows = [live_row(ns, key, now_ms) for key in keys]
         if owner is not None:
             for slot, row in enumerate(rows):
                 if row is not None and row.value == owner:
                     return self._granted(name, slot, keys[slot], row, already=True)
-        if name not in self.waiters:  # first come first served: a free permit belongs to the oldest waiter
+        if line not in waiters:  # first come first served: a free permit belongs to the oldest waiter
             for slot, row in enumerate(rows):
                 if row is None:
-                    row = kv.write(LOCKS_NS, keys[slot], owner, op.ttl_ms, None, now_ms, records)
+                    row = kv.write(ns, keys[slot], owner, op.ttl_ms, None, now_ms, records)
                     return self._granted(name, slot, keys[slot], row)
         return {"name": name, "acquired": False, "reason": LockReason.HELD,
                 "holders": [holder(slot, row) for slot, row in enumerate(rows) if row is not None]}
@@ -238,16 +241,17 @@ class LockTable:
 
     def park(self, op: LockOp, now_ms: int, reply_to, position: int) -> None:
         """Queue a held acquire until a permit frees or waitMs runs out."""
-        queue = self.waiters.get(op.name)
+        line = (op.ns, op.name)
+        queue = self.waiters.get(line)
         if queue is None:
-            queue = self.waiters[op.name] = deque()
+            queue = self.waiters[line] = deque()
         waiter = Waiter(op, now_ms + op.wait_ms, reply_to, position)
         queue.append(waiter)
         self.deadlines.add(waiter, waiter.deadline_ms)
 
     def _take_place_back(self, op: LockOp, now_ms: int, reply_to, position: int) -> bool:
         """Park op in the place kept for its owner, if there is one."""
-        queue = self.waiters.get(op.name)
+        queue = self.waiters.get((op.ns, op.name))
         if queue is None or op.owner is None:
             return False
         for index, kept in enumerate(queue):
@@ -262,8 +266,8 @@ class LockTable:
         """Answer and forget the waiters of reply_to: "cancelled" when their client is gone, so they
         are never handed a permit nobody would use until its lease ran out; or, timed_out, as their
         wait running out would."""
-        for name in list(self.waiters):
-            queue = self.waiters[name]
+        for line in list(self.waiters):
+            queue = self.waiters[line]
             gone = [w for w in queue if w.reply_to is reply_to]
             for waiter in gone:
                 queue.remove(waiter)
@@ -271,14 +275,16 @@ class LockTable:
                 if timed_out:
                     self._time_out(waiter, now_ms)
                 else:
-                    self.resolved.append((reply_to, waiter.position, {"name": name, "acquired": False,
+                    self.resolved.append((reply_to, waiter.position, {"name": line[1], "acquired": False,
                                                                       "reason": LockReason.CANCELLED}))
             if not queue:
-                del self.waiters[name]
+                del self.waiters[line]
 
-    def serve(self, name: str, now_ms: int, records: list) -> None:
-        """Hand free permits of name to its waiters, oldest first; answer the head if its wait ran out."""
-        queue = self.waiters.get(name)
+    def serve(self, line: tuple[str, str], now_ms: int, records: list) -> None:
+        """Hand free permits of the lock (ns, name) to its waiters, oldest first; answer the head if
+        its wait ran out."""
+        ns, name = line
+        queue = self.waiters.get(line)
         while queue:
             waiter = queue[0]
             if waiter.deadline_ms <= now_ms:
@@ -289,17 +295,17 @@ class LockTable:
                     queue.appendleft(kept)
                     self.deadlines.add(kept, kept.deadline_ms)
                 continue
-            rows = self._rows(name, waiter.op.limit, now_ms)
+            rows = self._rows(ns, name, waiter.op.limit, now_ms)
             free = next((slot for slot, row in enumerate(rows) if row is None), None)
             if free is None or waiter.reply_to is None:
                 break  # no permit, or the head's owner is away: its kept place holds the permit back
             queue.popleft()
             self.deadlines.remove(waiter)
             key = permit_key(name, free)
-            row = self.kv.write(LOCKS_NS, key, waiter.op.owner, waiter.op.ttl_ms, None, now_ms, records)
+            row = self.kv.write(ns, key, waiter.op.owner, waiter.op.ttl_ms, None, now_ms, records)
             self.resolved.append((waiter.reply_to, waiter.position, self._granted(name, free, key, row)))
         if queue is not None and not queue:
-            del self.waiters[name]
+            del self.waiters[line]
 
     def _time_out(self, waiter: Waiter, now_ms: int) -> Waiter | None:
         """Answer a waiter whose wait ran out; the place kept for its owner, if it keeps one (a
@@ -307,7 +313,7 @@ class LockTable:
         op = waiter.op
         if waiter.reply_to is None:
             return None
-        rows = self._rows(op.name, op.limit, now_ms)
+        rows = self._rows(op.ns, op.name, op.limit, now_ms)
         result = {"name": op.name, "acquired": False, "reason": LockReason.TIMEOUT,
                   "holders": [holder(slot, row) for slot, row in enumerate(rows) if row is not None]}
         self.resolved.append((waiter.reply_to, waiter.position, result))
@@ -322,16 +328,17 @@ class LockTable:
             return
         self.kv.freed_permits = []
         waiters = self.waiters
-        for name in dict.fromkeys(key.rpartition("#")[0] for key in freed):
-            if name in waiters:
-                self.serve(name, now_ms, records)
+        for line in dict.fromkeys((ns, key.rpartition("#")[0]) for ns, key in freed):
+            if line in waiters:
+                self.serve(line, now_ms, records)
 
     def tick(self, now_ms: int, records: list) -> None:
         """Free expired rows, hand their permits on, and time out waits that ran out."""
         self.kv.expire(now_ms)
         self.after_step(now_ms, records)
         for waiter in self.deadlines.advance(now_ms):
-            queue = self.waiters.get(waiter.op.name)
+            line = (waiter.op.ns, waiter.op.name)
+            queue = self.waiters.get(line)
             if queue is None or waiter not in queue:
                 continue
             index = queue.index(waiter)
@@ -342,29 +349,29 @@ class LockTable:
                 continue
             del queue[index]
             if not queue:
-                del self.waiters[waiter.op.name]
+                del self.waiters[line]
             else:
-                self.serve(waiter.op.name, now_ms, records)  # a dropped place may have held a permit back
+                self.serve(line, now_ms, records)  # a dropped place may have held a permit back
         self.after_step(now_ms, records)  # reading holders for a timeout may find expired permits
 
     def _slot_of(self, op: LockOp, now_ms: int) -> int:
         """op's slot; when it gave none, the slot of the permit its token (and owner) holds, or 0."""
         if op.slot is not None:
             return op.slot
-        for slot, row in self._permits(op.name, now_ms):
+        for slot, row in self._permits(op.ns, op.name, now_ms):
             if self._holds(op, row):
                 return slot
         return 0
 
-    def _permits(self, name: str, now_ms: int) -> list:
+    def _permits(self, ns: str, name: str, now_ms: int) -> list:
         """(slot, row) of every live permit of the lock name, in slot order."""
         kv = self.kv
-        table = kv.tables.get(LOCKS_NS)
+        table = kv.tables.get(ns)
         permits = []
         if table is not None:
             prefix = name + "#"
             for key in list(table.sorted_keys().irange(prefix, prefix + "\uffff")):
-                row = kv.live_row(LOCKS_NS, key, now_ms)
+                row = kv.live_row(ns, key, now_ms)
                 if row is not None:
                     permits.append((int(key[len(prefix):]), row))
         permits.sort(key=lambda permit: permit[0])
@@ -374,24 +381,25 @@ class LockTable:
         kv = self.kv
         slot = self._slot_of(op, now_ms)
         key = permit_key(op.name, slot)
-        row = kv.live_row(LOCKS_NS, key, now_ms)
+        row = kv.live_row(op.ns, key, now_ms)
         if not self._holds(op, row):
             return {"name": op.name, "renewed": False, "reason": LockReason.LOST}
-        row = kv.write(LOCKS_NS, key, row.value, op.ttl_ms, row, now_ms, records)
+        row = kv.write(op.ns, key, row.value, op.ttl_ms, row, now_ms, records)
         return {"name": op.name, "renewed": True, "slot": slot, "token": row.version, "fence": row.create_version,
                 "expiresAt": row.expires_at_ms, "guard": guard(key, row.version)}
 
     def release(self, op: LockOp, now_ms: int, records: list) -> dict:
         kv = self.kv
         key = permit_key(op.name, self._slot_of(op, now_ms))
-        row = kv.live_row(LOCKS_NS, key, now_ms)
+        row = kv.live_row(op.ns, key, now_ms)
         if row is None:
             return {"name": op.name, "released": False, "reason": LockReason.ABSENT}
         if not self._holds(op, row):
             return {"name": op.name, "released": False, "reason": LockReason.LOST}
-        kv.delete(LOCKS_NS, key, records)
-        if op.name in self.waiters:
-            self.serve(op.name, now_ms, records)
+        kv.delete(op.ns, key, records)
+        line = (op.ns, op.name)
+        if line in self.waiters:
+            self.serve(line, now_ms, records)
         return {"name": op.name, "released": True}
 
     @staticmethod
@@ -407,6 +415,6 @@ class LockTable:
         return op.owner is not None and row.value == op.owner and row.create_version <= op.token < row.version
 
     def get(self, op: LockOp, now_ms: int) -> dict:
-        holders = [holder(slot, row) for slot, row in self._permits(op.name, now_ms)
+        holders = [holder(slot, row) for slot, row in self._permits(op.ns, op.name, now_ms)
                    if op.limit is None or slot < op.limit]
         return {"name": op.name, "held": bool(holders), "holders": holders}

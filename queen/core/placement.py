@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import zlib
 
-from queen.core.kv import LOCKS_NS
+from queen.core.kv import LOCKS_NS, is_locks_ns
 from queen.core.queues import Shared
 
 _ns_seeds: dict[str, int] = {}
@@ -25,20 +25,25 @@ _QUEUES_SEED = zlib.crc32(b"queen-queues\x00")
 
 
 def shard_of(ns: str, key: str, shard_count: int) -> int:
-    """crc32 of ns, NUL, key: stable across runs, and cheap with the namespace's part computed once."""
-    if ns == LOCKS_NS:
+    """crc32 of ns, NUL, key: stable across runs, and cheap with the namespace's part computed once.
+    A lock permit's key is placed by its lock's name, so all slots of a lock share a shard."""
+    if is_locks_ns(ns):
         key = key.partition("#")[0]
+    return zlib.crc32(key.encode(), _seed_of(ns)) % shard_count
+
+
+def shard_of_lock(ns: str, name: str, shard_count: int) -> int:
+    """shard_of(ns, name + "#" + any slot) for a lock namespace, without building the key."""
+    return zlib.crc32(name.encode(), _LOCKS_SEED if ns == LOCKS_NS else _seed_of(ns)) % shard_count
+
+
+def _seed_of(ns: str) -> int:
     seed = _ns_seeds.get(ns)
     if seed is None:
         seed = zlib.crc32(ns.encode() + b"\x00")
         if len(_ns_seeds) < _NS_SEEDS_MAX:
             _ns_seeds[ns] = seed
-    return zlib.crc32(key.encode(), seed) % shard_count
-
-
-def shard_of_lock(name: str, shard_count: int) -> int:
-    """shard_of(LOCKS_NS, name + "#" + any slot), without building the key."""
-    return zlib.crc32(name.encode(), _LOCKS_SEED) % shard_count
+    return seed
 
 
 def shard_of_queue(name: str, shard_count: int) -> int:

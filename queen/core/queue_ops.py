@@ -256,7 +256,7 @@ def parse_pop(queue_raw: str, partition_raw: str | None, params: dict, limits: L
 # -- ack ------------------------------------------------------------------------------------------
 
 class AckItem:
-    __slots__ = ("index", "partition_id", "lease_id", "transaction_id", "offset", "status", "error", "group")
+    __slots__ = ("index", "partition_id", "lease_id", "transaction_id", "offset", "status", "error", "group", "prefix")
 
     def __init__(self, index, partition_id, lease_id, transaction_id, offset, status, error, group):
         self.index = index
@@ -267,6 +267,9 @@ class AckItem:
         self.status = status
         self.error = error
         self.group = group  # None: whatever group the lease is of
+        # The acking tenant's name prefix (queen/core/tenants.py): ids are global, so a partition of
+        # another tenant's queue is answered as one this tenant holds no lease on.
+        self.prefix = ""
 
 
 _ACK_FIELDS = frozenset(("partitionId", "leaseId", "transactionId", "offset", "status", "error", "consumerGroup"))
@@ -435,14 +438,16 @@ class Configure:
 
 
 class LeaseCall:
-    """extend (seconds: None for the queue's lease time) or release."""
+    """extend (seconds: None for the queue's lease time) or release, by the tenant of `prefix`
+    (queen/core/tenants.py): a lease of another tenant's queue is lost to it."""
 
-    __slots__ = ("kind", "lease_id", "seconds")
+    __slots__ = ("kind", "lease_id", "seconds", "prefix")
 
-    def __init__(self, kind: str, lease_id: int, seconds: int | None = None):
+    def __init__(self, kind: str, lease_id: int, seconds: int | None = None, prefix: str = ""):
         self.kind = kind
         self.lease_id = lease_id
         self.seconds = seconds
+        self.prefix = prefix
 
 
 class QueueAdmin:

@@ -47,6 +47,7 @@ from queen.core.limits import Limits
 from queen.core.outcomes import QueueReason
 from queen.core.packing import int_array, read_int_array
 from queen.core.queue_ops import PushItem
+from queen.core.tenants import shown
 from queen.core.timer_ops import TimerList, TimerOp
 from queen.core.wheel import TICK_MS
 
@@ -162,7 +163,7 @@ class TimerTable:
         return [self.apply_one(timer, now_ms, records) for timer in op.ops]
 
     def apply_one(self, op: TimerOp, now_ms: int, records: list) -> dict:
-        base = {"index": op.index, "op": op.op, "queue": op.queue, "key": op.key}
+        base = {"index": op.index, "op": op.op, "queue": shown(op.queue), "key": op.key}
         if op.op == "schedule":
             return {**base, **self.schedule(op, now_ms, records)}
         if op.op == "cancel":
@@ -201,7 +202,7 @@ class TimerTable:
 
     def apply_checked(self, op: TimerOp, now_ms: int, records: list) -> dict:
         """A transaction's schedule or cancel, its capacity already checked."""
-        base = {"index": op.index, "op": op.op, "queue": op.queue, "key": op.key}
+        base = {"index": op.index, "op": op.op, "queue": shown(op.queue), "key": op.key}
         if op.op == "schedule":
             return {**base, **self._schedule(op, now_ms, records)}
         return {**base, **self.cancel(op.queue, op.key, records)}
@@ -254,7 +255,7 @@ class TimerTable:
         items = []
         for key in keys[:limit]:
             at_ms, version, scheduled_at_ms, partition, tid, _, _ = unpack_timer(timers[key])
-            items.append({"queue": queue, "key": key, "partition": partition, "at": at_ms, "version": version,
+            items.append({"queue": shown(queue), "key": key, "partition": partition, "at": at_ms, "version": version,
                           "scheduledAt": scheduled_at_ms, "transactionId": tid, **self._schedule_fields(queue, key)})
         return {"items": items, "after": keys[limit - 1] if len(keys) > limit else None}
 

@@ -21,6 +21,7 @@ from queen.core.limits import Limits
 from queen.core.outcomes import QueueReason, TxnReason
 from queen.core.queue_ops import AckItem, PushItem, parse_acks, parse_push
 from queen.core.queues import Growth
+from queen.core.tenants import shown
 from queen.core.timer_ops import TimerOp, parse_timer_ops
 from queen.errors import BadRequest
 
@@ -154,12 +155,12 @@ def _first_miss(txn: TransactionOps, kv_states, ack_tables, push_tables, timer_t
     for index, (item, table) in enumerate(zip(txn.push, push_tables, strict=True)):
         reason = table.check_push(item, now_ms, growth)
         if reason is not None:
-            return {"top": reason, "section": "push", "index": index, "reason": reason, "queue": item.queue,
+            return {"top": reason, "section": "push", "index": index, "reason": reason, "queue": shown(item.queue),
                     "partition": item.partition}
     for index, (op, table) in enumerate(zip(txn.timers, timer_tables, strict=True)):
         if op.op == "schedule":
             reason = table.timers.check_schedule(op, growth)
             if reason is not None:
-                return {"top": reason, "section": "timers", "index": index, "reason": reason, "queue": op.queue,
+                return {"top": reason, "section": "timers", "index": index, "reason": reason, "queue": shown(op.queue),
                         "key": op.key}
     return None

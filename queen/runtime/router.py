@@ -117,7 +117,7 @@ class Router:
         parts: dict[int, list] = {}
         waiting_shards = []
         for position, op in enumerate(ops):
-            shard = shard_of_lock(op.name, count) if count > 1 else 0
+            shard = shard_of_lock(op.ns, op.name, count) if count > 1 else 0
             parts.setdefault(shard, []).append((call, position, op))
             if op.op == "acquire" and op.wait_ms and shard not in waiting_shards:
                 waiting_shards.append(shard)
@@ -192,10 +192,12 @@ class Router:
                 results[result["index"]] = result
         return results
 
-    async def list_queues(self, prefix: str, after: str | None, limit: int) -> dict:
-        """A page of the queue listing across every shard, in name order."""
+    async def list_queues(self, prefix: str, after: str | None, limit: int, tenant: str = "") -> dict:
+        """A page of the tenant's queue listing across every shard, in name order (`tenant`: its
+        name prefix)."""
         call = Call(self.shard_count, self.shard_count)
-        parts = {shard: [(call, shard, QueueAdmin("list", None, prefix=prefix, after=after, limit=limit))]
+        parts = {shard: [(call, shard, QueueAdmin("list", None, tenant=tenant, prefix=prefix, after=after,
+                                                  limit=limit))]
                  for shard in range(self.shard_count)}
         await self._send_parts(parts)
         items = sorted((item for part in await call.result() for item in part), key=lambda item: item["queue"])
@@ -203,11 +205,12 @@ class Router:
         items = items[:limit]
         return {"items": items, "cursor": encode_cursor(items[-1]["queue"]) if more else None}
 
-    async def delete_group_everywhere(self, group: str) -> dict:
-        """A consumer group dropped from every queue that has it (each shard's queues in one step)."""
+    async def delete_group_everywhere(self, group: str, tenant: str = "") -> dict:
+        """A consumer group dropped from every queue of the tenant that has it (each shard's queues
+        in one step)."""
         self.refuse_writes_if_unavailable()
         call = Call(self.shard_count, self.shard_count)
-        parts = {shard: [(call, shard, QueueAdmin("delete_group_everywhere", None, group=group))]
+        parts = {shard: [(call, shard, QueueAdmin("delete_group_everywhere", None, group=group, tenant=tenant))]
                  for shard in range(self.shard_count)}
         await self._send_parts(parts)
         queues = sorted(name for part in await call.result() for name in part)
@@ -242,9 +245,9 @@ class Router:
         self.steps.run(step)
         return (await call.result())[0]
 
-    async def list_permits(self, prefix: str, cursor: str | None, limit: int) -> dict:
-        """The admin's page of held permits across every shard, in name order."""
-        op = KvOp("getPrefix", LOCKS_NS)
+    async def list_permits(self, prefix: str, cursor: str | None, limit: int, ns: str = LOCKS_NS) -> dict:
+        """A page of the held permits of a tenant's lock namespace across every shard, in name order."""
+        op = KvOp("getPrefix", ns)
         op.prefix, op.cursor, op.limit = prefix, cursor, limit
         op.detail = True
         page = (await self.run_kv([op], has_writes=False))[0]

@@ -15,14 +15,15 @@ def test_the_hash_is_stable_across_runs_and_builds():
     # crc32, not the salted hash(): these values must never change, or a restart with the same shard
     # count would look for rows on other shards than their actors own.
     assert [shard_of("app", "k", 8), shard_of("app", "customer-42", 8), shard_of_queue("orders", 8)] == [4, 4, 6]
-    assert shard_of_lock("billing", 8) == 6
+    assert shard_of_lock("queen-locks", "billing", 8) == 6
 
 
-def test_every_slot_of_a_lock_lives_on_its_name_s_shard():
-    for count in (1, 2, 3, 8, 16):
-        for name in ("billing", "é", "x" * 200):  # a name never holds "#": it is refused
-            shards = {shard_of("queen-locks", f"{name}#{slot}", count) for slot in range(50)}
-            assert shards == {shard_of_lock(name, count)}, (name, count)
+def test_every_slot_of_a_lock_lives_on_its_name_s_shard_in_every_tenant():
+    for ns in ("queen-locks", "acme\x1fqueen-locks"):
+        for count in (1, 2, 3, 8, 16):
+            for name in ("billing", "é", "x" * 200):  # a name never holds "#": it is refused
+                shards = {shard_of(ns, f"{name}#{slot}", count) for slot in range(50)}
+                assert shards == {shard_of_lock(ns, name, count)}, (ns, name, count)
 
 
 def test_acks_and_lease_calls_go_to_their_queue_s_shard_and_unknown_ids_to_shard_0():

@@ -26,6 +26,7 @@ from queen.core.outcomes import QueueReason, Refusal
 from queen.core.queue_ops import GENERATED_ID_PREFIX, PopOp
 from queen.core.queues.model import Group, GroupState, Partition, PopWaiter, Queue
 from queen.core.queues.packed import available_at, payload_bytes, unpack_message
+from queen.core.tenants import shown
 from queen.errors import Unavailable
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ class Delivery:
         """The answer, or None when the pop was parked (answered later, in resolved)."""
         queue = self._queue(op.queue, now_ms, records, create=True)
         if queue is None:
-            return {"success": False, "reason": QueueReason.STORAGE_FULL, "error": QueueReason.STORAGE_FULL, "queue": op.queue,
+            return {"success": False, "reason": QueueReason.STORAGE_FULL, "error": QueueReason.STORAGE_FULL, "queue": shown(op.queue),
                     "consumerGroup": op.group, "messages": []}
         group = self._group(queue, op.group, op.mode, now_ms, records)
         if type(group) is Refusal:
@@ -146,7 +147,7 @@ class Delivery:
                     retries.pop(offset, None)
                 self._settle(queue, partition, now_ms)
         first = taken[0][0]
-        return {"success": True, "queue": queue.name, "partition": first.name, "partitionId": first.id,
+        return {"success": True, "queue": shown(queue.name), "partition": first.name, "partitionId": first.id,
                 "leaseId": answer_lease, "consumerGroup": group.name, "expiresAt": expires_at_ms or None,
                 "partitionsClaimed": len(taken), "messages": messages}, ""
 
@@ -258,5 +259,5 @@ def ready_at(head: bytes, state: GroupState) -> int:
 
 
 def _nothing(op: PopOp, reason: str) -> dict:
-    return {"success": False, "reason": reason, "error": reason, "queue": op.queue, "consumerGroup": op.group,
+    return {"success": False, "reason": reason, "error": reason, "queue": shown(op.queue), "consumerGroup": op.group,
             "messages": []}

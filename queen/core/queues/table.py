@@ -59,6 +59,7 @@ from queen.core.queues.packed import (
 )
 from queen.core.queues.parking import ParkedPops
 from queen.core.queues.producer_ids import ProducerIds
+from queen.core.tenants import is_own, shown
 from queen.core.timer_ops import TimerList, Timers
 from queen.core.timers import TimerTable
 from queen.core.wheel import TimingWheel
@@ -106,8 +107,8 @@ class QueueTable(Delivery):
             return self.configure(op.queue, op.changes, now_ms, records)
         if kind is LeaseCall:
             if op.kind == "extend":
-                return self.extend(op.lease_id, op.seconds, now_ms, records)
-            return self.release(op.lease_id, now_ms, records)
+                return self.extend(op.lease_id, op.seconds, now_ms, records, op.prefix)
+            return self.release(op.lease_id, now_ms, records, op.prefix)
         return self.admin(op, now_ms, records)
 
     def admin(self, op: QueueAdmin, now_ms: int, records: list):
@@ -125,17 +126,20 @@ class QueueTable(Delivery):
         if kind == "delete_group":
             return self.delete_group(op.queue, args["group"], now_ms, records)
         if kind == "delete_group_everywhere":
-            names = [name for name, queue in self.queues.items() if args["group"] in queue.groups]
+            tenant = args.get("tenant", "")
+            names = [name for name, queue in self.queues.items()
+                     if args["group"] in queue.groups and is_own(name, tenant)]
             for name in names:
                 self.delete_group(name, args["group"], now_ms, records)
-            return names
+            return [shown(name) for name in names]
         if kind == "info":
             return views.queue_info(self.queues, self.timers, op.queue, now_ms)
         if kind == "partitions":
             return views.partitions_page(self.queues, op.queue, args["group"], args["prefix"], args["cursor"],
                                          args["limit"], now_ms)
         if kind == "list":
-            return views.queue_summaries(self.queues, self.timers, args["prefix"], args["after"], args["limit"], now_ms)
+            return views.queue_summaries(self.queues, self.timers, args.get("tenant", ""), args["prefix"], args["after"],
+                                         args["limit"], now_ms)
         raise ValueError(f"unknown admin call {kind!r}")
 
     # ------------------------------------------------------------------------------------------
@@ -182,8 +186,8 @@ class QueueTable(Delivery):
         group = queue.groups.get(name)
         if group is None:
             if len(queue.groups) >= self.limits.groups_per_queue_max:
-                return Refusal(BadRequest("too_many_groups", f"queue {queue.name!r} has {len(queue.groups)} consumer "
-                                          "groups, the most it may have; delete one first", {"queue": queue.name}))
+                return Refusal(BadRequest("too_many_groups", f"queue {shown(queue.name)!r} has {len(queue.groups)} consumer "
+                                          "groups, the most it may have; delete one first", {"queue": shown(queue.name)}))
             version = self.versions.next()
             rec.group_join(records, version, queue.name, name, mode, now_ms)
             group = self._apply_group_join(queue, version, name, mode, now_ms)
@@ -221,7 +225,7 @@ class QueueTable(Delivery):
         queue = self.queues.get(name)
         created = queue is None
         if created and self.shared.queues >= self.limits.queues_max:
-            return {"configured": False, "queue": name, "reason": QueueReason.STORAGE_FULL, "error": QueueReason.STORAGE_FULL}
+            return {"configured": False, "queue": shown(name), "reason": QueueReason.STORAGE_FULL, "error": QueueReason.STORAGE_FULL}
         options = dict(DEFAULT_OPTIONS if created else queue.options)
         options.update(changes)
         if created or options != queue.options:
@@ -230,7 +234,7 @@ class QueueTable(Delivery):
             rec.queue_set(records, version, name, created_at_ms, options)
             queue = self._apply_queue_set(version, name, created_at_ms, options)
             self.dirty[name] = None
-        return {"configured": True, "queue": name, "created": created, "createdAt": queue.created_at_ms,
+        return {"configured": True, "queue": shown(name), "created": created, "createdAt": queue.created_at_ms,
                 "options": dict(queue.options)}
 
     # ------------------------------------------------------------------------------------------
@@ -251,7 +255,7 @@ class QueueTable(Delivery):
             if known is not None:
                 known_offset, message_id, created_at_ms = known
                 self.stats.duplicates += 1
-                return {"index": item.index, "queue": queue.name, "partition": partition.name,
+                return {"index": item.index, "queue": shown(queue.name), "partition": partition.name,
                         "partitionId": partition.id, "transactionId": tid, "status": "duplicate",
                         "messageId": message_id, "offset": known_offset, "createdAt": created_at_ms}
         if not exempt:
@@ -273,13 +277,13 @@ class QueueTable(Delivery):
         self._apply_append(queue, partition, version, offset, tid, item.payload, item.trace_id, now_ms,
                            available_at_ms, until_ms)
         self.stats.pushed += 1
-        return {"index": item.index, "queue": queue.name, "partition": partition.name, "partitionId": partition.id,
+        return {"index": item.index, "queue": shown(queue.name), "partition": partition.name, "partitionId": partition.id,
                 "transactionId": tid if tid is not None else f"{GENERATED_ID_PREFIX}{offset}", "status": "queued",
                 "messageId": version, "offset": offset, "createdAt": now_ms}
 
     def _push_failed(self, item: PushItem, reason: str) -> dict:
         self.stats.push_failed += 1
-        result = {"index": item.index, "queue": item.queue, "partition": item.partition, "status": "failed",
+        result = {"index": item.index, "queue": shown(item.queue), "partition": item.partition, "status": "failed",
                   "reason": reason, "error": reason}
         if item.transaction_id is not None:
             result["transactionId"] = item.transaction_id
@@ -465,7 +469,7 @@ class QueueTable(Delivery):
         name = self.shared.partition_queue.get(item.partition_id)
         queue = self.queues.get(name) if name is not None else None
         partition = queue.by_id.get(item.partition_id) if queue is not None else None
-        if partition is None:
+        if partition is None or not is_own(name, item.prefix):
             return QueueReason.LEASE_LOST, MessageState.UNKNOWN
         entry = self.leases.get(item.lease_id)
         lease = entry[2] if entry is not None and entry[0] is queue else None
@@ -691,9 +695,9 @@ class QueueTable(Delivery):
                     count(self.stats.redelivered_expired, queue.name)
         self._lease_end(queue, group, lease, 0, now_ms, records)
 
-    def extend(self, lease_id: int, seconds: int | None, now_ms: int, records: list) -> dict:
+    def extend(self, lease_id: int, seconds: int | None, now_ms: int, records: list, prefix: str = "") -> dict:
         entry = self.leases.get(lease_id)
-        if entry is None or entry[2].expires_at_ms <= now_ms or not entry[2].held:
+        if entry is None or entry[2].expires_at_ms <= now_ms or not entry[2].held or not is_own(entry[0].name, prefix):
             return {"leaseId": lease_id, "success": False, "reason": QueueReason.LEASE_LOST, "error": QueueReason.LEASE_LOST}
         queue, group, lease = entry
         seconds = seconds if seconds is not None else queue.options["leaseTimeSeconds"]
@@ -709,9 +713,9 @@ class QueueTable(Delivery):
         lease.expires_at_ms = expires_at_ms
         self.lease_wheel.add(lease.lease_id, expires_at_ms)
 
-    def release(self, lease_id: int, now_ms: int, records: list) -> dict:
+    def release(self, lease_id: int, now_ms: int, records: list, prefix: str = "") -> dict:
         entry = self.leases.get(lease_id)
-        if entry is None or entry[2].expires_at_ms <= now_ms or not entry[2].held:
+        if entry is None or entry[2].expires_at_ms <= now_ms or not entry[2].held or not is_own(entry[0].name, prefix):
             return {"leaseId": lease_id, "success": False, "reason": QueueReason.LEASE_LOST, "error": QueueReason.LEASE_LOST}
         queue, group, lease = entry
         partitions = self._lease_partitions(queue, lease)
@@ -724,7 +728,7 @@ class QueueTable(Delivery):
         for partition_id in lease.held:
             partition = queue.by_id.get(partition_id)
             if partition is not None:
-                out.append({"queue": queue.name, "partition": partition.name, "partitionId": partition_id})
+                out.append({"queue": shown(queue.name), "partition": partition.name, "partitionId": partition_id})
         return out
 
     def owns_lease(self, lease_id: int) -> bool:

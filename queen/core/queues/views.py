@@ -14,6 +14,7 @@ from orjson import Fragment
 from queen.core.queue_ops import GENERATED_ID_PREFIX
 from queen.core.queues.model import GroupState, Partition, Queue
 from queen.core.queues.packed import created_at, unpack_message
+from queen.core.tenants import is_own, shown
 from queen.core.timers import TimerTable
 
 
@@ -38,15 +39,20 @@ def group_counts(queue: Queue, group: str | None, now_ms: int) -> tuple[int, int
     return pending, in_flight, dlq
 
 
-def queue_summaries(queues: dict[str, Queue], timers: TimerTable, prefix: str, after: str | None, limit: int,
-                    now_ms: int) -> list[dict]:
-    """This shard's part of a page of the queue listing: up to limit+1 queues after `after`."""
-    names = sorted(name for name in queues if name.startswith(prefix) and (after is None or name > after))
+def queue_summaries(queues: dict[str, Queue], timers: TimerTable, tenant: str, prefix: str, after: str | None,
+                    limit: int, now_ms: int) -> list[dict]:
+    """This shard's part of a page of the tenant's queue listing (`tenant`: its name prefix, as
+    queen/core/tenants.py makes it): up to limit+1 queues after `after`, names as the tenant
+    wrote them."""
+    start = tenant + prefix
+    after = None if after is None else tenant + after
+    names = sorted(name for name in queues if name.startswith(start) and (after is None or name > after)
+                   and is_own(name, tenant))
     out = []
     for name in names[:limit + 1]:
         queue = queues[name]
         pending, in_flight, dlq = group_counts(queue, None, now_ms)
-        out.append({"queue": name, "createdAt": queue.created_at_ms, "partitions": len(queue.partitions),
+        out.append({"queue": shown(name), "createdAt": queue.created_at_ms, "partitions": len(queue.partitions),
                     "messages": queue.messages, "pending": pending, "inFlight": in_flight, "dlq": dlq,
                     "timers": len(timers.pending.get(name, ())), "groups": sorted(queue.groups)})
     return out
@@ -55,14 +61,14 @@ def queue_summaries(queues: dict[str, Queue], timers: TimerTable, prefix: str, a
 def queue_info(queues: dict[str, Queue], timers: TimerTable, name: str, now_ms: int) -> dict:
     queue = queues.get(name)
     if queue is None:
-        return {"found": False, "queue": name}
+        return {"found": False, "queue": shown(name)}
     groups = []
     for group in queue.groups.values():
         pending, in_flight, dlq = group_counts(queue, group.name, now_ms)
         leases = sum(1 for lease in group.leases.values() if lease.expires_at_ms > now_ms and lease.held)
         groups.append({"consumerGroup": group.name, "subscriptionMode": group.mode, "joinedAt": group.joined_at_ms,
                        "pending": pending, "inFlight": in_flight, "dlq": dlq, "leases": leases})
-    return {"found": True, "queue": name, "createdAt": queue.created_at_ms, "options": dict(queue.options),
+    return {"found": True, "queue": shown(name), "createdAt": queue.created_at_ms, "options": dict(queue.options),
             "partitions": len(queue.partitions), "messages": queue.messages, "bytes": queue.bytes,
             "timers": timers.summary(name), "groups": groups}
 
@@ -124,7 +130,7 @@ def dlq_page(queues: dict[str, Queue], name: str, group: str | None, partition_n
     for at_ms, partition_id, offset, group_name, partition, error, state in page:
         packed = partition.messages.get(offset)
         message_id, tid, data, _, created_at_ms, _ = unpack_message(packed) if packed else (None,) * 6
-        messages.append({"queue": name, "partition": partition.name, "partitionId": partition_id,
+        messages.append({"queue": shown(name), "partition": partition.name, "partitionId": partition_id,
                          "consumerGroup": group_name, "messageId": message_id, "offset": offset,
                          "transactionId": tid if tid is not None else f"{GENERATED_ID_PREFIX}{offset}",
                          "data": Fragment(data) if packed else None, "createdAt": created_at_ms,
