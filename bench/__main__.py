@@ -108,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="rounds of every run, interleaved; the summary takes the median (default 1)")
     parser.add_argument("--processes", type=int, default=1, help="generator processes, all pinned to the generator CPUs (default 1)")
     parser.add_argument("--engine", choices=ENGINES, default="selectors", help="generator socket engine (default selectors)")
+    parser.add_argument("--tls", action="store_true",
+                        help="serve Queen and the HTTP-layer baseline over HTTPS (a throwaway CA and certificate made "
+                             "with openssl in the output directory; the generator trusts that CA); the peers stay as "
+                             "they are. Not for the Go loader's workloads")
     parser.add_argument("--server-cpus", type=_cpu_list, default=[0], help="CPUs the server is pinned to (default 0)")
     parser.add_argument("--generator-cpus", type=_cpu_list, default=[1], help="CPUs the generator is pinned to (default 1)")
     parser.add_argument("--keys", type=int, default=KEYS_TOTAL, help=f"distinct keys, bounding the rows (default {KEYS_TOTAL})")
@@ -241,11 +245,14 @@ def make_generator(args, system: str, server: ServerProcess, workload: Workload,
                    loader_args: tuple = ()):
     driver = workload.drivers[FAMILY[system]]
     if isinstance(driver, str):  # the Go loader's workload
+        if server.ca_file is not None:
+            raise SystemExit(f"bench: {workload.name} runs on the Go loader, which does not speak TLS; run it without --tls")
         from bench.peers.loader import PeerLoader
         return PeerLoader(HOST, server.port, FAMILY[system], driver, workload.loader_ops or ops, connections,
                           cpus=args.generator_cpus or None, keys_total=args.keys, tag=tag, extra=loader_args)
     return Generator(HOST, server.port, workload, system, ops, connections, processes=args.processes,
-                     engine=args.engine, cpus=args.generator_cpus or None, keys_total=args.keys, tag=tag)
+                     engine=args.engine, cpus=args.generator_cpus or None, keys_total=args.keys, tag=tag,
+                     ca_file=server.ca_file)
 
 
 def prepare_queue(args, system: str, server: ServerProcess, workload: Workload, ops: int, tag: str) -> tuple:
@@ -384,9 +391,11 @@ def start_servers(targets: list[str], args, out_dir: str, data_parent: str) -> t
             if target != "baseline":
                 data_dirs[target] = tempfile.mkdtemp(prefix=f"{target}-bench-", dir=data_parent)
             if target == "queen":
-                server = queen_server(data_dirs[target], log_path, cpus, REPO_ROOT)
+                server = queen_server(data_dirs[target], log_path, cpus, REPO_ROOT,
+                                      tls_dir=os.path.join(out_dir, "tls-queen") if args.tls else None)
             elif target == "baseline":
-                server = baseline_server(log_path, cpus, REPO_ROOT)
+                server = baseline_server(log_path, cpus, REPO_ROOT,
+                                         tls_dir=os.path.join(out_dir, "tls-baseline") if args.tls else None)
             elif target.startswith("redis"):
                 server = redis_server(target, data_dirs[target], log_path, cpus)
             elif target == "postgres":

@@ -12,6 +12,11 @@ run_one), so the figures are comparable with its reports.
     git worktree add /tmp/before <commit>
     python -m bench.ab --variant before=/tmp/before --variant after=. \\
         --workloads lock-cycle,kv-put --ops 1,64 --connections 1,16 --rounds 4
+
+`--tls NAME` serves that variant over HTTPS (bench/servers.py makes its certificate), so one
+checkout can be measured with TLS off and on:
+
+    python -m bench.ab --variant plain=. --variant tls=. --tls tls
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ def parse_args(argv):
     parser.add_argument("--server-cpus", default="0")
     parser.add_argument("--generator-cpus", default="1")
     parser.add_argument("--data-parent", default=None)
+    parser.add_argument("--tls", action="append", default=[], metavar="NAME",
+                        help="serve this variant over HTTPS, its clients trusting a throwaway CA (repeat for more)")
     return parser.parse_args(argv)
 
 
@@ -53,6 +60,9 @@ def main(argv=None) -> int:
         if not name or not os.path.isdir(os.path.join(path, "queen")):
             raise SystemExit(f"bench.ab: --variant {text!r} is not NAME=PATH of a checkout with queen/ in it")
         variants.append((name, os.path.abspath(path)))
+    unknown = set(args.tls) - {name for name, _ in variants}
+    if unknown:
+        raise SystemExit(f"bench.ab: --tls {', '.join(sorted(unknown))}: no such variant")
     bench_args = build_parser().parse_args(["--duration", str(args.duration), "--warmup", str(args.warmup),
                                             "--server-cpus", args.server_cpus, "--generator-cpus", args.generator_cpus])
     out_dir = tempfile.mkdtemp(prefix="queen-ab-")
@@ -64,7 +74,8 @@ def main(argv=None) -> int:
         for name, path in variants:
             data_dir = tempfile.mkdtemp(prefix=f"ab-{name}-", dir=data_parent)
             data_dirs.append(data_dir)
-            server = queen_server(data_dir, os.path.join(out_dir, f"{name}.log"), bench_args.server_cpus, path)
+            server = queen_server(data_dir, os.path.join(out_dir, f"{name}.log"), bench_args.server_cpus, path,
+                                  tls_dir=os.path.join(out_dir, f"{name}-tls") if name in args.tls else None)
             server.start()
             servers[name] = server
         shapes = [(WORKLOADS[w], ops, c) for w in args.workloads.split(",") for c in args.connections

@@ -7,6 +7,7 @@ Queen's one-operation rate divided by this rate is the share of the ceiling Quee
 Queen loses below it is routing, JSON, the core, the WAL and the waiting for durability.
 
 Run: python -m bench.baseline_http --port 6640   (127.0.0.1 only; SIGTERM or SIGINT stops it)
+With --tls-cert FILE --tls-key FILE it serves HTTPS, as `queen serve` does with the same flags.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ class FixedAnswer:
         return Response(200, BODY, b"application/json")
 
 
-async def main(host: str, port: int) -> None:
-    http = HttpServer(FixedAnswer(), Config())
+async def main(host: str, port: int, tls_cert: str = "", tls_key: str = "") -> None:
+    http = HttpServer(FixedAnswer(), Config(tls_cert=tls_cert, tls_key=tls_key))
     async with trio.open_nursery() as nursery:
         listeners = open_listeners(host, port)
         print(f"event=listening host={host} port={listeners[0].getsockname()[1]}", file=sys.stderr, flush=True)
@@ -45,5 +46,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=6640)
+    parser.add_argument("--tls-cert", default="")
+    parser.add_argument("--tls-key", default="")
     args = parser.parse_args()
-    trio.run(main, args.host, args.port)
+    trio.run(main, args.host, args.port, args.tls_cert, args.tls_key)

@@ -17,6 +17,10 @@ sockets, no transports).
 Never: has two requests outstanding on a connection (a RESP "request" of N ops is N commands in
 one write, answered as one unit), reuses a connection after a malformed answer, or hides an error:
 every non-200, short body or closed connection is counted by kind, with samples kept.
+
+TLS (a Queen served with --tls-cert, `ca_file` given): every connection is an ssl.SSLSocket that
+trusts that CA, its handshake done while connecting (blocking), before the clock runs. The
+selectors and threads engines speak it; asyncio's sock_* calls refuse SSL sockets.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import multiprocessing
 import os
 import selectors
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,6 +62,7 @@ class Plan:
     tag: str  # unique per run: names and keys of stateful workloads carry it
     engine: str = "selectors"
     cpus: list[int] | None = None
+    ca_file: str | None = None  # speak TLS, trusting this CA
 
     def sessions(self) -> list:
         build = self.workload.drivers[FAMILY[self.system]]
@@ -114,10 +120,24 @@ def merge_tallies(tallies: list[Tally]) -> Tally:
     return merged
 
 
-def open_socket(host: str, port: int) -> socket.socket:
+def open_socket(host: str, port: int, ca_file: str | None = None) -> socket.socket:
+    """A connected socket; with ca_file, a TLS one whose handshake is done."""
     sock = socket.create_connection((host, port), timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if ca_file is not None:
+        sock = _client_context(ca_file).wrap_socket(sock, server_hostname=host)
     return sock
+
+
+_contexts: dict[str, ssl.SSLContext] = {}
+
+
+def _client_context(ca_file: str) -> ssl.SSLContext:
+    """One context per CA file and process: loading the CA is not free, and sessions share it."""
+    context = _contexts.get(ca_file)
+    if context is None:
+        context = _contexts[ca_file] = ssl.create_default_context(cafile=ca_file)
+    return context
 
 
 def _count_answer(taken, session, buf: bytearray, tally: Tally, elapsed_ns: int, t_measure: int, t_end: int) -> tuple[bool, int]:
@@ -140,7 +160,7 @@ def _count_answer(taken, session, buf: bytearray, tally: Tally, elapsed_ns: int,
 def _reopen(plan: Plan, tally: Tally, session, blocking: bool) -> socket.socket | None:
     """A fresh connection for a session whose last one failed; None (counted) if the server refuses."""
     try:
-        sock = open_socket(plan.host, plan.port)
+        sock = open_socket(plan.host, plan.port, plan.ca_file)
     except OSError as error:
         tally.error("connect_failed", repr(error))
         return None
@@ -166,7 +186,10 @@ class _Conn:
         request = self.session.request()
         self.sent_at_ns = time.perf_counter_ns()
         self.busy = True
-        sent = self.sock.send(request)
+        try:
+            sent = self.sock.send(request)
+        except ssl.SSLWantWriteError:
+            sent = 0  # TLS: nothing taken (the record is retried whole, below)
         if sent != len(request):  # the kernel buffer was full: finish this one blocking
             self.sock.setblocking(True)
             self.sock.sendall(request[sent:])
@@ -179,7 +202,7 @@ def _run_selectors(plan: Plan, sessions, window, tally: Tally) -> None:
     conns = [_Conn(session) for session in sessions]
 
     def connect(conn):
-        conn.sock = open_socket(plan.host, plan.port)
+        conn.sock = open_socket(plan.host, plan.port, plan.ca_file)
         conn.sock.setblocking(False)
         conn.buf = bytearray()
         conn.busy = False
@@ -206,6 +229,7 @@ def _run_selectors(plan: Plan, sessions, window, tally: Tally) -> None:
                     conn.sock = None
                 conn.busy = False
 
+    tls = plan.ca_file is not None
     for conn in conns:
         connect(conn)
     yield  # connected: the parent may now fix the window
@@ -224,6 +248,11 @@ def _run_selectors(plan: Plan, sessions, window, tally: Tally) -> None:
             conn = key.data
             try:
                 data = conn.sock.recv(RECV_BYTES)
+                if tls:
+                    while conn.sock.pending():  # decrypted bytes the selector cannot see
+                        data += conn.sock.recv(RECV_BYTES)
+            except ssl.SSLWantReadError:
+                continue  # TLS: only part of a record has come
             except OSError as error:
                 drop(conn, "conn_error", repr(error))
                 continue
@@ -260,7 +289,7 @@ def _run_selectors(plan: Plan, sessions, window, tally: Tally) -> None:
 
 
 def _run_threads(plan: Plan, sessions, window, tally: Tally):
-    socks = [open_socket(plan.host, plan.port) for _ in sessions]
+    socks = [open_socket(plan.host, plan.port, plan.ca_file) for _ in sessions]
     yield
     t_start, t_measure, t_end = window
     tallies = [Tally() for _ in sessions]
@@ -317,6 +346,9 @@ def _run_threads(plan: Plan, sessions, window, tally: Tally):
 
 
 def _run_asyncio(plan: Plan, sessions, window, tally: Tally):
+    if plan.ca_file is not None:
+        raise ValueError("the asyncio engine cannot speak TLS (loop.sock_* refuses SSL sockets); "
+                         "use --engine selectors or threads")
     loop = asyncio.new_event_loop()
     socks = [open_socket(plan.host, plan.port) for _ in sessions]
     for sock in socks:
@@ -411,7 +443,8 @@ class Generator:
 
     def __init__(self, host: str, port: int, workload: Workload, system: str, ops: int, connections: int,
                  processes: int = 1, engine: str = "selectors", cpus: list[int] | None = None,
-                 keys_total: int = 10_000, tag: str = "r"):
+                 keys_total: int = 10_000, tag: str = "r", ca_file: str | None = None):
+        """ca_file: the server speaks TLS with a certificate this CA signed."""
         if engine not in _ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
         processes = max(1, min(processes, connections))
@@ -419,7 +452,7 @@ class Generator:
         self._children = []
         for index in range(processes):
             mine = list(range(index, connections, processes))
-            plan = Plan(host, port, workload, system, ops, mine, connections, keys_total, tag, engine, cpus)
+            plan = Plan(host, port, workload, system, ops, mine, connections, keys_total, tag, engine, cpus, ca_file)
             parent_end, child_end = context.Pipe()
             process = context.Process(target=_child, args=(plan, child_end), daemon=True,
                                       name=f"bench-generator-{index}")
@@ -468,9 +501,10 @@ def _receive(pipe, timeout_s: float):
         return "failed", "the generator process died without a word"
 
 
-def request_once(host: str, port: int, request: bytes, timeout_s: float = 5.0) -> tuple[int, bytes]:
+def request_once(host: str, port: int, request: bytes, timeout_s: float = 5.0,
+                 ca_file: str | None = None) -> tuple[int, bytes]:
     """One request on a fresh connection: (status, body). For health checks and preloads."""
-    with open_socket(host, port) as sock:
+    with open_socket(host, port, ca_file) as sock:
         sock.settimeout(timeout_s)
         sock.sendall(request)
         buf = bytearray()

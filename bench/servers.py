@@ -5,7 +5,9 @@ persistence, single-node etcd, PostgreSQL 15, NATS with JetStream), each on a fr
 with a fresh data directory, the child pinned to its CPU from the moment it starts
 (sched_setaffinity in preexec_fn, so even its first import runs there), waiting for it to answer
 its health check, reading its /metrics, and stopping it with SIGTERM by its own pid (SIGKILL by
-the same pid only if it ignores SIGTERM past a grace period; the report then says so).
+the same pid only if it ignores SIGTERM past a grace period; the report then says so). Queen can
+be served over HTTPS: a throwaway CA and certificate made with openssl in the run's directory,
+and `ca_file` on the server for every client of it to trust.
 
 Never: signals a process it did not start, or binds anything but 127.0.0.1.
 """
@@ -22,8 +24,8 @@ import subprocess
 import sys
 import time
 
-from bench.loadgen import ResponseError, request_once
-from queen.testing import parse_metrics
+from bench.loadgen import ResponseError, open_socket, request_once
+from queen.testing import make_server_cert, make_test_ca, parse_metrics
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
@@ -38,8 +40,9 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, name: str, argv: list[str], port: int, log_path: str, cpus: list[int] | None,
-                 cwd: str | None = None, health=None, user: str | None = None):
-        self.health = health or _http_health
+                 cwd: str | None = None, health=None, user: str | None = None, ca_file: str | None = None):
+        self.ca_file = ca_file  # it speaks HTTPS with a certificate this CA signed
+        self.health = health or (lambda port: _http_health(port, ca_file))
         self.user = user  # run as this user (PostgreSQL refuses to run as root)
         self.name = name
         self.argv = argv
@@ -85,14 +88,15 @@ class ServerProcess:
         raise RuntimeError(f"{self.name} did not answer its health check within {START_TIMEOUT_S} s; see {self.log_path}")
 
     def get(self, path: str) -> tuple[int, bytes]:
-        return request_once(HOST, self.port, b"GET %s HTTP/1.1\r\nhost: %s:%d\r\n\r\n" % (path.encode(), HOST.encode(), self.port))
+        return request_once(HOST, self.port, b"GET %s HTTP/1.1\r\nhost: %s:%d\r\n\r\n" % (path.encode(), HOST.encode(), self.port),
+                            ca_file=self.ca_file)
 
     def post(self, request: bytes) -> tuple[int, bytes]:
-        return request_once(HOST, self.port, request, timeout_s=30)
+        return request_once(HOST, self.port, request, timeout_s=30, ca_file=self.ca_file)
 
     def metrics(self) -> dict[str, float]:
         """Prometheus text of /metrics as {name: value} (a labelled series keeps its labels in the name)."""
-        status, body = http_get_to_close(self.port, "/metrics")
+        status, body = http_get_to_close(self.port, "/metrics", ca_file=self.ca_file)
         if status != 200:
             return {}
         return parse_metrics(body.decode())
@@ -110,20 +114,37 @@ class ServerProcess:
             self.exit_code = self.process.wait(timeout=10)
 
 
-def queen_server(data_dir: str, log_path: str, cpus: list[int] | None, repo_root: str) -> ServerProcess:
+def queen_server(data_dir: str, log_path: str, cpus: list[int] | None, repo_root: str,
+                 tls_dir: str | None = None) -> ServerProcess:
+    """tls_dir: serve HTTPS, with a certificate for 127.0.0.1 made there (and its CA, which the
+    bench's clients trust)."""
     port = free_port()
     argv = [sys.executable, "-m", "queen", "serve", "--host", HOST, "--port", str(port), "--data-dir", data_dir]
-    return ServerProcess("queen", argv, port, log_path, cpus, cwd=repo_root)
+    tls_args, ca_file = _tls_files(tls_dir)
+    return ServerProcess("queen", argv + tls_args, port, log_path, cpus, cwd=repo_root, ca_file=ca_file)
 
 
-def baseline_server(log_path: str, cpus: list[int] | None, repo_root: str) -> ServerProcess:
+def baseline_server(log_path: str, cpus: list[int] | None, repo_root: str, tls_dir: str | None = None) -> ServerProcess:
     port = free_port()
     argv = [sys.executable, "-m", "bench.baseline_http", "--host", HOST, "--port", str(port)]
-    return ServerProcess("baseline-http", argv, port, log_path, cpus, cwd=repo_root)
+    tls_args, ca_file = _tls_files(tls_dir)
+    return ServerProcess("baseline-http", argv + tls_args, port, log_path, cpus, cwd=repo_root, ca_file=ca_file)
 
 
-def _http_health(port: int) -> bool:
-    status, _ = request_once(HOST, port, b"GET /healthz HTTP/1.1\r\nhost: %s:%d\r\n\r\n" % (HOST.encode(), port), timeout_s=2)
+def _tls_files(tls_dir: str | None) -> tuple[list[str], str | None]:
+    """([--tls-cert FILE --tls-key FILE], the CA file) for a certificate for 127.0.0.1 made in
+    tls_dir; ([], None) without one."""
+    if tls_dir is None:
+        return [], None
+    os.makedirs(tls_dir, exist_ok=True)
+    ca = make_test_ca(tls_dir)
+    cert, key = make_server_cert(tls_dir, ca)
+    return ["--tls-cert", cert, "--tls-key", key], ca[0]
+
+
+def _http_health(port: int, ca_file: str | None = None) -> bool:
+    status, _ = request_once(HOST, port, b"GET /healthz HTTP/1.1\r\nhost: %s:%d\r\n\r\n" % (HOST.encode(), port), timeout_s=2,
+                             ca_file=ca_file)
     return status == 200
 
 
@@ -262,9 +283,10 @@ def _http_health_at(port: int, path: str) -> bool:
     return status == 200
 
 
-def http_get_to_close(port: int, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
+def http_get_to_close(port: int, path: str, timeout_s: float = 5.0, ca_file: str | None = None) -> tuple[int, bytes]:
     """GET with `connection: close`, read to the end; a chunked body (etcd's /metrics) is decoded."""
-    with socket.create_connection((HOST, port), timeout=timeout_s) as sock:
+    with open_socket(HOST, port, ca_file) as sock:
+        sock.settimeout(timeout_s)
         sock.sendall(b"GET %s HTTP/1.1\r\nhost: %s:%d\r\nconnection: close\r\n\r\n" % (path.encode(), HOST.encode(), port))
         chunks = []
         while True:

@@ -11,7 +11,7 @@ _SDK_NAMES = frozenset((
     "Page", "WriteResult", "CheckResult", "TxnResult", "Holder", "RunResult", "LockAnswer", "ClientError", "TransportError",
     "RequestTimeout", "ApiError", "BadRequestError", "UnavailableError", "LockLost", "LockNotAcquired", "Interrupted",
     "Queue", "SyncQueue", "Message", "Delivery", "Push", "PushResult", "AckResult", "Timers", "SyncTimers", "Timer",
-    "TimerResult",
+    "TimerResult", "AuthError", "RateLimited",
 ))
 
 

@@ -8,6 +8,7 @@ cannot drift from what the server actually reads.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from dataclasses import dataclass, field
 
 from queen.core.limits import Limits
@@ -44,6 +45,13 @@ class Config:
     snapshot_wal_bytes: int = _opt(32 << 20, "take a snapshot once this many WAL bytes were written since the last one; then covered segments are deleted", "BYTES")
     shutdown_grace_s: float = _opt(10.0, "on SIGTERM/SIGINT, time allowed for in-flight requests before connections are cut", "SECONDS")
     log_level: str = _opt("info", "diagnostic log level on stderr: debug, info, warning, error", "LEVEL")
+    auth_file: str = _opt("", "tokens, roles, tenants and their quotas (JSON; `queen auth add` writes it); re-read on "
+                          "SIGHUP. Without it every caller may do everything, so the server only binds loopback "
+                          "addresses unless --insecure is given", "FILE")
+    insecure: bool = _opt(False, "listen on a non-loopback address without an auth file: anyone who reaches the port "
+                          "may read, write and delete everything")
+    tls_cert: str = _opt("", "serve HTTPS with this certificate chain (PEM); re-read on SIGHUP", "FILE")
+    tls_key: str = _opt("", "the private key (PEM) of --tls-cert", "FILE")
 
     def replace(self, **changes) -> Config:
         return dataclasses.replace(self, **changes)
@@ -77,4 +85,20 @@ def validate(config: Config) -> list[str]:
             problems.append(f"{name.replace('_', '-')} must be above 0")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
         problems.append(f"log level {config.log_level!r} is not one of debug, info, warning, error")
+    if bool(config.tls_cert) != bool(config.tls_key):
+        problems.append("--tls-cert and --tls-key go together: give both, or neither")
+    if not config.auth_file and not config.insecure and not is_loopback(config.host):
+        problems.append(f"refusing to listen on {config.host} without --auth-file: anyone who reaches the port could "
+                        "read, write and delete everything; give --auth-file FILE (see `queen auth add`), or "
+                        "--insecure to run open anyway")
     return problems
+
+
+def is_loopback(host: str) -> bool:
+    """Whether host names only this machine: localhost, 127.0.0.0/8 or ::1."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -15,6 +15,7 @@ import random
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -254,11 +255,15 @@ class ServerProcess:
     """
 
     def __init__(self, data_dir: str, *extra_args: str, env: dict | None = None, open_files_max: int | None = None,
-                 module: str = "queen"):
+                 module: str = "queen", ca_file: str | None = None):
         """open_files_max: run the server under this open-file limit (soft and hard), as a host
         with a tight `ulimit -n` would. module: what `python -m` runs; the fault suite passes its
-        own entry point, which wraps `queen serve` in test-only faults."""
+        own entry point, which wraps `queen serve` in test-only faults. ca_file: the CA that signed
+        the server's certificate, which `request` trusts when the server serves HTTPS (--tls-cert)."""
         self.data_dir = data_dir
+        self.tls = (any(arg.partition("=")[0] == "--tls-cert" for arg in extra_args)
+                    or bool((env or {}).get("QUEEN_TLS_CERT")))
+        self.ca_file = ca_file
         self.module = module
         self.extra_args = list(extra_args)
         self.env = env
@@ -287,6 +292,7 @@ class ServerProcess:
                 self.port = int(match.group(1))
                 return self
             if self.process.poll() is not None:
+                self._close_log()
                 raise RuntimeError(f"queen serve exited with {self.process.returncode}:\n{text}")
             time.sleep(0.02)  # waiting on a real process to come up, not on time to pass
         self.kill()
@@ -305,7 +311,11 @@ class ServerProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client context that trusts the server's CA (ca_file)."""
+        return ssl.create_default_context(cafile=self.ca_file)
 
     def log_text(self) -> str:
         with open(self.stderr_path, "rb") as f:
@@ -350,7 +360,11 @@ class ServerProcess:
 
     def request(self, method: str, path: str, body=None, headers: dict | None = None, timeout_s: float = 10.0):
         """(status, decoded JSON or raw bytes) of one request on a fresh connection."""
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
+        if self.tls:
+            connection = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout_s,
+                                                     context=self.ssl_context())
+        else:
+            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
         try:
             data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
             connection.request(method, path, body=data, headers={"content-type": "application/json", **(headers or {})})
@@ -375,6 +389,41 @@ def parse_metrics(text: str) -> dict[str, float]:
             except ValueError:
                 pass
     return values
+
+
+# -- throwaway certificates (the openssl command line) ---------------------------------------------
+
+
+def _openssl(*args: str) -> None:
+    done = subprocess.run(["openssl", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"openssl {args[0]} failed: {done.stderr.strip()}")
+
+
+def make_test_ca(directory: str, name: str = "ca") -> tuple[str, str]:
+    """A throwaway certificate authority in directory: (certificate path, key path), PEM. Needs the
+    `openssl` command (shutil.which("openssl") tells)."""
+    cert, key = os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}.key")
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", key, "-out", cert, "-days", "2", "-subj", f"/CN=Queen test CA {name}",
+             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    return cert, key
+
+
+def make_server_cert(directory: str, ca: tuple[str, str], name: str = "server", serial: int = 1) -> tuple[str, str]:
+    """A server certificate for 127.0.0.1 (and localhost) signed by `ca` (make_test_ca's pair):
+    (certificate path, key path), PEM; its subject is CN=<name>, its serial `serial`."""
+    cert, key = os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}.key")
+    request, extensions = os.path.join(directory, f"{name}.csr"), os.path.join(directory, f"{name}.ext")
+    with open(extensions, "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\n"
+                "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+                "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n")
+    _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", key, "-out", request, "-subj", f"/CN={name}")
+    _openssl("x509", "-req", "-in", request, "-CA", ca[0], "-CAkey", ca[1], "-set_serial", str(serial),
+             "-days", "2", "-out", cert, "-extfile", extensions)
+    return cert, key
 
 
 def free_port() -> int:
@@ -428,10 +477,12 @@ _open_clients: set = set()
 
 
 class HttpClient:
-    """A keep-alive HTTP/1.1 client on trio + h11, for in-process tests."""
+    """A keep-alive HTTP/1.1 client on trio + h11, for in-process tests. ssl_context: speak HTTPS
+    with it (the server's certificate must be valid for 127.0.0.1)."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, ssl_context: ssl.SSLContext | None = None):
         self.port = port
+        self.ssl_context = ssl_context
         self._stream = None
         self._conn = None
 
@@ -442,6 +493,9 @@ class HttpClient:
 
         if self._stream is None:
             self._stream = await trio.open_tcp_stream("127.0.0.1", self.port)
+            if self.ssl_context is not None:
+                self._stream = trio.SSLStream(self._stream, self.ssl_context, server_hostname="127.0.0.1",
+                                              https_compatible=True)
             self._conn = h11.Connection(h11.CLIENT)
             _open_clients.add(self)
         conn = self._conn

@@ -62,3 +62,20 @@ def test_quick_bench_against_queen_alone_writes_json_markdown_and_chart(tmp_path
         assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert any("no chart" in note for note in document["notes"])
+
+
+def test_quick_bench_over_tls_runs_without_errors(tmp_path):
+    """--tls: Queen and the baseline serve HTTPS with a throwaway certificate, and the generator
+    (selectors engine) speaks it."""
+    out = tmp_path / "out"
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--peers", "none", "--tls", "--workloads", "kv-put,lock-cycle,baseline-http",
+         "--duration", "0.5", "--out", str(out), "--data-parent", str(tmp_path), "--no-chart"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert {(run["system"], run["workload"]) for run in runs} == {
+        ("queen", "kv-put"), ("queen", "lock-cycle"), ("baseline", "baseline-http")}
+    for run in runs:
+        assert run["errors"] == {} and run["undrained"] == 0 and run["rate_per_s"] > 0, run["error_samples"]
+    assert "tls=on" in (out / "server-queen.log").read_text()

@@ -36,6 +36,13 @@ def parents() -> dict[str, argparse.ArgumentParser]:
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument("--url", default=None, metavar="URL",
                         help="the broker [env QUEEN_URL] (default: http://127.0.0.1:6632)")
+    # Not --token: in `queen lock renew|release` that is the lock's fencing token.
+    client.add_argument("--auth-token", default=None, metavar="SECRET", dest="auth_token",
+                        help="the API token, sent as Authorization: Bearer (prefer the variable: a flag shows "
+                             "in `ps`) [env QUEEN_TOKEN]")
+    client.add_argument("--ca-file", default=None, metavar="FILE",
+                        help="the CA that signed an https server's certificate [env QUEEN_CA_FILE] "
+                             "(default: the system's)")
     client.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS", help="per request (default: 10)")
     client.add_argument("--json", action="store_true", help="print the answer as JSON instead of for people")
     lifetime = argparse.ArgumentParser(add_help=False)
@@ -102,7 +109,7 @@ def open_client(args):
     """The SDK's client for this command's --url and --timeout (use it with `async with`)."""
     from queen.client import Client
 
-    return Client(args.url, timeout_s=args.timeout)
+    return Client(args.url, token=args.auth_token, ca_file=args.ca_file, timeout_s=args.timeout)
 
 
 def print_json(document) -> None:

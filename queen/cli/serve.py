@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 
+from queen.auth import AuthFileError
 from queen.config import Config, config_fields, validate
 from queen.errors import CorruptLog, RefusedToStart, VersionsExhausted
 
@@ -27,9 +28,13 @@ def add_parser(commands) -> None:
         description="Run the broker. Every setting can also come from the QUEEN_* variable named "
                     "beside it; a flag wins over the variable, the variable over the default.")
     for name, kind, default, help_text, metavar in config_fields():
+        if kind == "bool":
+            serve.add_argument("--" + name.replace("_", "-"), dest=name, default=None, action="store_const",
+                               const=True, help=f"{help_text} [env {env_name(name)}=1]")
+            continue
         serve.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar=metavar,
                            type={"int": int, "float": float}.get(kind, str),
-                           help=f"{help_text} [env {env_name(name)}] (default: {default})")
+                           help=f"{help_text} [env {env_name(name)}] (default: {default if default != '' else 'none'})")
     serve.set_defaults(run=lambda args: serve_broker(resolve_config(args)))
 
 
@@ -40,12 +45,20 @@ def resolve_config(args: argparse.Namespace, environ=os.environ) -> Config:
         if value is None and env_name(name) in environ:
             raw = environ[env_name(name)]
             try:
-                value = {"int": int, "float": float}.get(kind, str)(raw)
+                value = {"int": int, "float": float, "bool": _flag}.get(kind, str)(raw)
             except ValueError:
                 raise SystemExit(f"queen: {env_name(name)}={raw!r} is not a valid {kind}") from None
         if value is not None:
             values[name] = value
     return Config(**values)
+
+
+def _flag(raw: str) -> bool:
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
 
 
 def setup_logging(level: str) -> None:
@@ -62,6 +75,7 @@ def serve_broker(config: Config) -> int:
     setup_logging(config.log_level)
     import trio
 
+    from queen.http.tls import TlsSetupError
     from queen.runtime.server import DataDirBusy, Server
 
     # Everything imported so far lives as long as the process: out of the cyclic GC's sight, a
@@ -70,10 +84,13 @@ def serve_broker(config: Config) -> int:
     server = Server(config)
 
     async def watch_signals():
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
                 logger.info("event=signal signal=%s", signal.Signals(signum).name)
-                server.request_shutdown()
+                if signum == signal.SIGHUP:
+                    server.reload()
+                else:
+                    server.request_shutdown()
 
     async def main_task():
         async with trio.open_nursery() as nursery:
@@ -84,11 +101,15 @@ def serve_broker(config: Config) -> int:
     failure = None
     try:
         trio.run(main_task)
-    except* (DataDirBusy, RefusedToStart, OSError) as group:  # raised inside nurseries, so grouped
+    except* (DataDirBusy, RefusedToStart, OSError, TlsSetupError, AuthFileError) as group:  # raised inside nurseries, so grouped
         failure = _first_leaf(group)
     if failure is None:
         return 0
-    if isinstance(failure, CorruptLog):
+    if isinstance(failure, TlsSetupError):
+        logger.error("event=start_failed reason=tls file=%s error=%r action=refusing_to_start", failure.path, failure.detail)
+    elif isinstance(failure, AuthFileError):
+        logger.error("event=start_failed reason=auth_file detail=%r action=refusing_to_start", str(failure))
+    elif isinstance(failure, CorruptLog):
         logger.error("event=start_failed reason=corrupt_log detail=%r action=refusing_to_start "
                      "hint='inspect or move the named file; starting would drop acknowledged writes'", str(failure))
     elif isinstance(failure, VersionsExhausted):

@@ -4,11 +4,13 @@ semaphore handles, KV calls, queues and their consumers, timers, and transaction
 from queen.client.client import DEFAULT_URL, Client
 from queen.client.errors import (
     ApiError,
+    AuthError,
     BadRequestError,
     ClientError,
     Interrupted,
     LockLost,
     LockNotAcquired,
+    RateLimited,
     RequestTimeout,
     TransportError,
     UnavailableError,
@@ -24,6 +26,7 @@ __all__ = [
     "DEFAULT_URL", "Client", "SyncClient", "Lock", "Semaphore", "SyncLock", "Transaction", "SyncTransaction",
     "Item", "Current", "Page", "WriteResult", "CheckResult", "TxnResult", "Holder", "RunResult", "LockAnswer",
     "ClientError", "TransportError", "RequestTimeout", "ApiError", "BadRequestError", "UnavailableError",
+    "AuthError", "RateLimited",
     "LockLost", "LockNotAcquired", "Interrupted", "Queue", "SyncQueue", "Message", "Delivery", "Push", "PushResult", "AckResult",
     "Timers", "SyncTimers", "Timer", "TimerResult",
 ]

@@ -24,6 +24,7 @@ import orjson
 
 from queen.client.errors import (
     ApiError,
+    RateLimited,
     RequestTimeout,
     TransportError,
     UnavailableError,
@@ -36,7 +37,7 @@ RECEIVE_BYTES = 65536
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 2.0
 # 503 codes the server answers before reading or applying anything: repeating any call is safe.
-NOTHING_APPLIED_503 = frozenset({"too_many_connections"})
+NOTHING_APPLIED_503 = frozenset({"too_many_connections", "paused"})
 
 
 def backoff_s(attempt: int) -> float:
@@ -80,7 +81,7 @@ class Transport:
     """Keep-alive connections to one base URL. Create it anywhere; use it from one event loop."""
 
     def __init__(self, base_url: str, *, connections_max: int = 16, timeout_s: float = 10.0,
-                 retries_max: int = 5, ssl_context: ssl.SSLContext | None = None):
+                 retries_max: int = 5, ssl_context: ssl.SSLContext | None = None, token: str | None = None):
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"the base URL must look like http://host:port, not {base_url!r}")
@@ -91,6 +92,8 @@ class Transport:
         self.tls = parts.scheme == "https"
         self.ssl_context = ssl_context
         self.host_header = parts.netloc.encode()
+        # Sent on every request; kept out of every message and repr (it is a secret).
+        self._authorization = None if not token else ("authorization", b"Bearer " + token.encode())
         self.timeout_s = timeout_s
         self.retries_max = retries_max
         self.connections_max = connections_max
@@ -150,6 +153,8 @@ class Transport:
         conn = connection.h11
         data = body or b""
         headers = [("host", self.host_header), ("content-length", str(len(data)))]
+        if self._authorization is not None:
+            headers.append(self._authorization)
         if body is not None:
             headers.append(("content-type", "application/json"))
         out = conn.send(h11.Request(method=method, target=self.prefix + path, headers=headers))
@@ -202,7 +207,13 @@ class Transport:
             if 200 <= status < 300:
                 return orjson.loads(data) if data else None
             error: ApiError = from_response(status, data, headers.get("retry-after"))
-            if isinstance(error, UnavailableError) and (safe or error.code in NOTHING_APPLIED_503):
+            if isinstance(error, RateLimited) and error.code == "rate_limited":
+                # Refused before anything was applied, and over once the bucket refills: wait as told.
+                if self._may_retry(attempt, deadline, error.retry_after_s or 0.0):
+                    await self._pause(attempt, deadline, error.retry_after_s or 0.0)
+                    attempt += 1
+                    continue
+            elif isinstance(error, UnavailableError) and (safe or error.code in NOTHING_APPLIED_503):
                 hint = min(error.retry_after_s or 0.0, BACKOFF_MAX_S)
                 if self._may_retry(attempt, deadline, hint):
                     await self._pause(attempt, deadline, hint)

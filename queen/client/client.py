@@ -1,6 +1,6 @@
 """`queen.Client`: the async client, for asyncio and Trio alike (anyio picks the running one).
 
-    async with queen.Client() as client:          # QUEEN_URL, or http://127.0.0.1:6632
+    async with queen.Client() as client:          # QUEEN_URL, or http://127.0.0.1:6632; QUEEN_TOKEN
         async with client.lock("nightly-report", ttl="30s").hold(wait="10s"):
             ...
 
@@ -13,6 +13,7 @@ held and closes the connections. Without `async with`, KV calls and handles with
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import AsyncIterator
 from urllib.parse import urlencode
 
@@ -33,15 +34,29 @@ def default_url() -> str:
     return os.environ.get("QUEEN_URL") or DEFAULT_URL
 
 
+def tls_context(url: str, ca_file: str | None) -> ssl.SSLContext | None:
+    """For an https URL: the system's trusted CAs, or only ca_file's (a private CA) when given."""
+    if not url.startswith("https:"):
+        return None
+    ca_file = ca_file or os.environ.get("QUEEN_CA_FILE") or None
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as error:
+        raise ValueError(f"cannot read the CA file {ca_file}: {error}") from None
+
+
 class Client:
-    def __init__(self, url: str | None = None, *, connections_max: int = 16, timeout_s: float = 10.0,
-                 retries_max: int = 5):
-        """connections_max: open connections at most (more concurrent calls queue);
+    def __init__(self, url: str | None = None, *, token: str | None = None, ca_file: str | None = None,
+                 connections_max: int = 16, timeout_s: float = 10.0, retries_max: int = 5):
+        """token: sent as `Authorization: Bearer` (default: QUEEN_TOKEN); ca_file: the CA that
+        signed an https server's certificate, when not one the system trusts (default:
+        QUEEN_CA_FILE); connections_max: open connections at most (more concurrent calls queue);
         timeout_s: per request attempt; retries_max: attempts after the first, for calls safe to
-        repeat."""
+        repeat (and for any call refused by the tenant's write rate, after its Retry-After)."""
         self.url = url or default_url()
         self._transport = Transport(self.url, connections_max=connections_max, timeout_s=timeout_s,
-                                    retries_max=retries_max)
+                                    retries_max=retries_max, ssl_context=tls_context(self.url, ca_file),
+                                    token=token if token is not None else os.environ.get("QUEEN_TOKEN"))
         self.kv = Kv(self._transport)
         self.locks = Locks(self)
         self.timers = Timers(self._transport)

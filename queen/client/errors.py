@@ -42,8 +42,25 @@ class BadRequestError(ApiError):
     again will not help."""
 
 
+class AuthError(BadRequestError):
+    """401 (`unauthenticated`: no token, or not a valid one) or 403 (`forbidden`: the token's
+    role may not make this call). Nothing was applied."""
+
+
+class RateLimited(ApiError):
+    """429: over the tenant's write rate (`rate_limited`; the SDK waits `retry_after_s` and tries
+    again, within its retries) or over one of its quotas (`quota_keys`, `quota_bytes`,
+    `quota_messages`, `quota_timers`: waiting does not help until something is deleted or
+    consumed). Nothing was applied."""
+
+    def __init__(self, status, code, message, details=None, retry_after_s: float | None = None):
+        super().__init__(status, code, message, details)
+        self.retry_after_s = retry_after_s
+
+
 class UnavailableError(ApiError):
-    """503: the server cannot make writes durable, is shutting down, or is at its connection limit.
+    """503: the server cannot make writes durable, is shutting down, is at its connection limit, or
+    an admin paused the tenant's KV or queues (`paused`).
     `retry_after_s` is the server's hint."""
 
     def __init__(self, status, code, message, details=None, retry_after_s: float | None = None):
@@ -94,12 +111,15 @@ def from_response(status: int, body: bytes, retry_after: str | None = None) -> A
         code = str(error.get("code", code))
         message = str(error.get("message", message))
         details = error.get("details") or {}
-    if status == 503:
+    if status in (429, 503):
         try:
             retry_after_s = float(retry_after) if retry_after is not None else None
         except ValueError:
             retry_after_s = None
-        return UnavailableError(status, code, message, details, retry_after_s)
+        kind = RateLimited if status == 429 else UnavailableError
+        return kind(status, code, message, details, retry_after_s)
+    if status in (401, 403):
+        return AuthError(status, code, message, details)
     if 400 <= status < 500:
         return BadRequestError(status, code, message, details)
     return ApiError(status, code, message, details)

@@ -62,9 +62,11 @@ _set_async_exc.restype = ctypes.c_int
 
 
 class SyncClient:
-    def __init__(self, url: str | None = None, *, connections_max: int = 16, timeout_s: float = 10.0,
-                 retries_max: int = 5):
-        self._settings = dict(url=url, connections_max=connections_max, timeout_s=timeout_s, retries_max=retries_max)
+    def __init__(self, url: str | None = None, *, token: str | None = None, ca_file: str | None = None,
+                 connections_max: int = 16, timeout_s: float = 10.0, retries_max: int = 5):
+        """As queen.Client's."""
+        self._settings = dict(url=url, token=token, ca_file=ca_file, connections_max=connections_max,
+                              timeout_s=timeout_s, retries_max=retries_max)
         self._portal: BlockingPortal | None = None
         self._client: Client | None = None
         self._ready = threading.Event()

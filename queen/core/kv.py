@@ -24,7 +24,7 @@ from queen.core import names
 from queen.core import records as rec
 from queen.core.limits import INT64_MAX, INT64_MIN, Limits
 from queen.core.outcomes import KvReason
-from queen.core.tenants import SEPARATOR
+from queen.core.tenants import SEPARATOR, Usage, UsageBook
 from queen.core.values import json_default
 from queen.core.wheel import TimingWheel
 from queen.errors import BadRequest
@@ -90,9 +90,10 @@ class Table:
     acquired and released) never touches the index. When the notes outgrow a quarter of the index,
     it is dropped and rebuilt from the rows at the next page instead."""
 
-    __slots__ = ("rows", "_sorted", "_added", "_removed")
+    __slots__ = ("rows", "_sorted", "_added", "_removed", "usage")
 
-    def __init__(self):
+    def __init__(self, usage: Usage | None = None):
+        self.usage = usage  # its tenant's (keys and bytes held); None for the default tenant's
         self.rows: dict[str, Row] = {}
         self._sorted: SortedList | None = SortedList()
         self._added: set = set()
@@ -362,9 +363,10 @@ class KvState:
     stopped existing by expiry (found by a read or by the wheel), for the lock table to hand on to
     waiters in the same step."""
 
-    __slots__ = ("tables", "versions", "wheel", "freed_permits", "_unscheduled", "_apply")
+    __slots__ = ("tables", "versions", "wheel", "freed_permits", "_unscheduled", "_apply", "usage")
 
-    def __init__(self, versions: VersionCounter, now_ms: int):
+    def __init__(self, versions: VersionCounter, now_ms: int, usage: UsageBook | None = None):
+        self.usage = usage if usage is not None else UsageBook()  # every shard's one book
         self.tables: dict[str, Table] = {}
         self.versions = versions
         self.wheel = TimingWheel(now_ms)
@@ -395,10 +397,13 @@ class KvState:
     def _store(self, ns: str, key: str, row: Row, records: list) -> None:
         table = self.tables.get(ns)
         if table is None:
-            table = self.tables[ns] = Table()
+            table = self.tables[ns] = Table(self.usage.for_name(ns))
         rows = table.rows
-        if key not in rows:
+        old = rows.get(key)
+        if old is None:
             table.note_insert(key)
+        if table.usage is not None:
+            _count(table.usage, key, old, row)
         rows[key] = row
         if row.expires_at_ms:
             self._unscheduled.append((ns, key))
@@ -406,7 +411,9 @@ class KvState:
                 row.updated_at_ms, row.expires_at_ms)
 
     def _drop(self, table: Table, ns: str, key: str) -> None:
-        del table.rows[key]
+        row = table.rows.pop(key)
+        if table.usage is not None:
+            _count(table.usage, key, row, None)
         table.note_remove(key)
         self.wheel.remove((ns, key))
         if not table.rows:
@@ -582,11 +589,14 @@ class KvState:
             ns, key = record.ns, record.key
             table = self.tables.get(ns)
             if table is None:
-                table = self.tables[ns] = Table()
-            if key not in table.rows:
+                table = self.tables[ns] = Table(self.usage.for_name(ns))
+            old = table.rows.get(key)
+            if old is None:
                 table.note_insert(key)
-            table.rows[key] = Row(record.value, record.version, record.create_version, record.created_at_ms,
-                                  record.updated_at_ms, record.expires_at_ms)
+            row = table.rows[key] = Row(record.value, record.version, record.create_version, record.created_at_ms,
+                                        record.updated_at_ms, record.expires_at_ms)
+            if table.usage is not None:
+                _count(table.usage, key, old, row)
             if record.expires_at_ms:
                 self.wheel.schedule((ns, key), record.expires_at_ms)
         elif type(record) is rec.Delete:
@@ -602,6 +612,18 @@ class KvState:
 
     def row_count(self) -> int:
         return sum(len(t.rows) for t in self.tables.values())
+
+
+def _count(usage: Usage, key: str, old: Row | None, new: Row | None) -> None:
+    """A row of a named tenant replaced: its keys and bytes (key and value as JSON) follow."""
+    if old is None:
+        usage.keys += 1
+    else:
+        usage.bytes -= len(key) + len(orjson.dumps(old.value, default=json_default))
+    if new is None:
+        usage.keys -= 1
+    else:
+        usage.bytes += len(key) + len(orjson.dumps(new.value, default=json_default))
 
 
 def snapshot_records(copies: list, kv: list, locks: list) -> None:

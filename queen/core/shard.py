@@ -13,9 +13,10 @@ class ShardState:
 
     def __init__(self, versions: VersionCounter, now_ms: int, limits: Limits | None = None, shared: Shared | None = None):
         limits = limits or Limits()
-        self.kv = KvState(versions, now_ms)
+        shared = shared or Shared()
+        self.kv = KvState(versions, now_ms, shared.usage)
         self.locks = LockTable(self.kv, now_ms, limits.wait_ms_max)
-        self.queues = QueueTable(versions, shared or Shared(), limits, now_ms)
+        self.queues = QueueTable(versions, shared, limits, now_ms)
 
     def apply(self, op, now_ms: int, records: list, reply_to, position: int):
         """The op's answer, or None if it was parked (a waiting acquire or pop)."""

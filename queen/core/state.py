@@ -179,7 +179,7 @@ class State:
         ack_shards = [shards[shard_of_partition(shared, item.partition_id, count)] for item in txn.ack]
         push_shards = [shards[shard_of_queue(item.queue, count)] for item in txn.push]
         timer_shards = [shards[shard_of_queue(op.queue, count)] for op in txn.timers]
-        lease_checks = [shards[shard_of_lease(shared, lease_id, count)].queues.lease_live(lease_id, now_ms)
+        lease_checks = [shards[shard_of_lease(shared, lease_id, count)].queues.lease_live(lease_id, now_ms, None, txn.prefix)
                         for lease_id in txn.required_leases]
         answer = apply_transaction(txn, [shard.kv for shard in kv_shards], [shard.queues for shard in ack_shards],
                                    [shard.queues for shard in push_shards], [shard.queues for shard in timer_shards],

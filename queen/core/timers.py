@@ -343,6 +343,10 @@ class TimerTable:
         timers[key] = packed
         shared.bytes += grows
         self.payload_bytes[queue] = self.payload_bytes.get(queue, 0) + grows
+        usage = shared.usage.for_name(queue)
+        if usage is not None:
+            usage.timers += old is None
+            usage.bytes += grows
         self._file(*_AT_VERSION.unpack_from(packed), queue, key)
         if self.entries > 2 * self.count + 1024:
             self._rebuild_slots()
@@ -393,6 +397,10 @@ class TimerTable:
         shared = self.shared
         shared.timers -= 1
         shared.bytes -= size
+        usage = shared.usage.for_name(queue)
+        if usage is not None:
+            usage.timers -= 1
+            usage.bytes -= size
 
     def drop_queue(self, queue: str) -> int:
         """A deleted queue's timers go with it; how many there were."""
@@ -403,7 +411,12 @@ class TimerTable:
         shared = self.shared
         self.count -= len(timers)
         shared.timers -= len(timers)
-        shared.bytes -= self.payload_bytes.pop(queue)
+        size = self.payload_bytes.pop(queue)
+        shared.bytes -= size
+        usage = shared.usage.for_name(queue)
+        if usage is not None:
+            usage.timers -= len(timers)
+            usage.bytes -= size
         if not self.count:  # nothing pending: every slot entry is stale, and goes now
             self.slots, self.entries = {}, 0
         return len(timers)  # their slot entries are stale now, skipped when they come up

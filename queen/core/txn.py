@@ -33,7 +33,7 @@ _READ_ONLY = frozenset(("get", "check"))
 class TransactionOps:
     """A parsed transaction: each section's operations (empty when not sent)."""
 
-    __slots__ = ("kv", "ack", "push", "timers", "required_leases")
+    __slots__ = ("kv", "ack", "push", "timers", "required_leases", "prefix")
 
     def __init__(self, kv: list[KvOp], ack: list[AckItem] = (), push: list[PushItem] = (),
                  timers: list[TimerOp] = ()):
@@ -44,6 +44,7 @@ class TransactionOps:
         # Leases that must be live when the transaction is judged (a miss: lease_lost), besides
         # those its acks name.
         self.required_leases: list[int] = []
+        self.prefix = ""  # the tenant's name prefix (queen/core/tenants.py): leases of others are lost to it
 
     def writes(self) -> bool:
         return bool(self.ack or self.push or self.timers) or any(op.op not in _READ_ONLY for op in self.kv)

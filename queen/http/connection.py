@@ -39,6 +39,25 @@ wait_readable and then takes what is there in one recv, a write sends at once an
 writability only when the kernel's buffer is full. trio's stream wrappers cost about as much
 again per request (bench/README.md, "HTTP layer").
 
+TLS (config.tls_cert): a connection is then a trio.SSLStream over a trio.SocketStream of its
+socket, with the standard library's ssl. How a connection reads and writes is chosen once, when it
+is accepted (_ConnectionIo), so a plain connection runs the very code it ran before TLS existed.
+- The handshake runs under the request read deadline: a client that connects and never finishes
+  it is cut off after request_read_timeout_s, like a stalled request (no 408: there is no channel
+  to send it on). A plain HTTP request at a TLS port is answered 400 in plain text, saying so
+  (OpenSSL recognizes GET, POST, HEAD and PUT; other bytes just fail the handshake, logged at debug).
+- A parked call's hangup watch (wait_gone) reads through the SSLStream exactly as a plain one
+  reads the socket: a close (TCP FIN, with or without close_notify) or a reset means gone, and
+  bytes that arrive meanwhile are decrypted and kept for the next request. Peeking is no use here
+  (ciphertext, and records the SSL object may already hold), and a read cancelled while it waits
+  for the socket leaves the stream intact; only a cancelled handshake or send breaks it, and those
+  end the connection anyway.
+- Connections close without a close_notify (https_compatible: the peer's missing one is not an
+  error either), as HTTPS servers commonly do: every answer is framed, so nothing is truncated
+  unseen.
+- reload_tls() (SIGHUP) builds a new context from the same files; connections accepted afterwards
+  use it, open ones keep theirs.
+
 Requests are parsed by queen/http/wire.py (no sockets there): the plain shape by its fast parser,
 everything else through h11. Without h11 knowing about the response its state machine cannot
 start a next cycle, so a request h11 reads gets a fresh h11.Connection, seeded with whatever the
@@ -51,6 +70,7 @@ import errno
 import logging
 import resource
 import socket
+import ssl
 from dataclasses import dataclass
 from functools import partial
 
@@ -59,6 +79,7 @@ import trio
 
 from queen.config import Config
 from queen.errors import QueenError
+from queen.http.tls import TlsSetupError, server_context
 from queen.http.wire import (
     INTERNAL,
     INTERNAL_BODY,
@@ -91,7 +112,11 @@ LISTEN_BACKLOG = 1024
 _NEVER = float("inf")
 
 # What a connection is doing, for the reaper: what its deadline means.
-IDLE, READING, HANDLING, WRITING = range(4)
+IDLE, READING, HANDLING, WRITING, HANDSHAKING = range(5)
+
+# What a read or write raises when the client went away: a socket's errors, and an SSLStream's
+# (a reset or a TLS failure on the way).
+_CLIENT_GONE = (OSError, trio.BrokenResourceError)
 
 
 def connection_budget(connections_max: int) -> int:
@@ -141,13 +166,37 @@ def open_listeners(host: str, port: int) -> list[socket.socket]:
     return listeners
 
 
+class _ConnectionIo:
+    """How one connection reads and writes, chosen when it is accepted: the socket functions of
+    this module bound to its socket, or a TLS stream over it (`tls`)."""
+
+    __slots__ = ("receive", "send_all", "wait_gone", "tls")
+
+    def __init__(self, receive, send_all, tls: trio.SSLStream | None = None):
+        self.receive = receive  # async () -> bytes: what the client sent next, b"" when it closed
+        self.send_all = send_all  # async (bytes) -> None
+        self.wait_gone = partial(_wait_gone, receive)  # async (buffer) -> None: see _wait_gone
+        self.tls = tls
+
+
+def _plain_io(sock: socket.socket, receive) -> _ConnectionIo:
+    return _ConnectionIo(partial(receive, sock), partial(_send_all, sock))
+
+
+def _tls_io(sock: socket.socket, context: ssl.SSLContext) -> _ConnectionIo:
+    stream = trio.SSLStream(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), context, server_side=True,
+                            https_compatible=True)
+    return _ConnectionIo(partial(stream.receive_some, RECEIVE_BYTES), stream.send_all, stream)
+
+
 class _Connection:
     """One accepted connection, as the reaper and the idle list see it."""
 
-    __slots__ = ("sock", "scope", "phase", "deadline", "evicted")
+    __slots__ = ("sock", "io", "scope", "phase", "deadline", "evicted")
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, io: _ConnectionIo):
         self.sock = sock
+        self.io = io
         self.scope = trio.CancelScope()
         self.phase = IDLE
         self.deadline = _NEVER
@@ -168,12 +217,18 @@ class HttpStatistics:
 
 
 class HttpServer:
-    def __init__(self, app, config: Config, connections_allowed: int | None = None, receive=None):
-        """receive(sock) -> bytes: how a connection reads its requests (a seam for tests that need a
-        moment between a request's bytes arriving and its task going on)."""
+    def __init__(self, app, config: Config, connections_allowed: int | None = None, receive=None,
+                 tls_context: ssl.SSLContext | None = None):
+        """receive(sock) -> bytes: how a plain connection reads its requests (a seam for tests that
+        need a moment between a request's bytes arriving and its task going on).
+        tls_context: serve HTTPS with it; by default one is built from config.tls_cert/tls_key when
+        those are set (raises TlsSetupError if they cannot be loaded)."""
         self.app = app
         self.config = config
         self.receive = receive or _receive
+        if tls_context is None and config.tls_cert:
+            tls_context = server_context(config.tls_cert, config.tls_key)
+        self.tls_context = tls_context  # what connections accepted from now on are wrapped with
         self.connections_allowed = connections_allowed or config.connections_max
         self.connections = 0
         self.requests_in_flight = 0
@@ -196,6 +251,27 @@ class HttpServer:
         while self.requests_in_flight:
             self._idle_event = trio.Event()
             await self._idle_event.wait()
+
+    def reload_tls(self) -> bool:
+        """Read the certificate and key again (SIGHUP: a renewed certificate) for the connections
+        accepted from now on; open ones keep the context they started with. If the files cannot be
+        loaded, the current context stays and the failure is logged. True if a new one is in use."""
+        config = self.config
+        if self.tls_context is None or not config.tls_cert:
+            return False
+        try:
+            self.tls_context = server_context(config.tls_cert, config.tls_key)
+        except TlsSetupError as error:
+            logger.error("event=tls_reload_failed file=%s error=%r action=kept_previous_certificate",
+                         error.path, error.detail)
+            return False
+        logger.info("event=tls_reloaded cert=%s key=%s", config.tls_cert, config.tls_key)
+        return True
+
+    def _connection_io(self, sock: socket.socket) -> _ConnectionIo:
+        if self.tls_context is None:
+            return _plain_io(sock, self.receive)
+        return _tls_io(sock, self.tls_context)
 
     # -- accepting ------------------------------------------------------------------------------------
 
@@ -291,13 +367,16 @@ class HttpServer:
 
     async def _answer_refused(self, sock: socket.socket) -> None:
         try:
+            io = self._connection_io(sock)
             response = error_response(QueenError(
                 "too_many_connections", f"the server is at its limit of {self.connections_allowed} connections "
                 "and none is idle; try again shortly", http_status=503))
             with trio.move_on_after(LINGER_S):
-                await _send_all(sock, encode_response(response, keep_alive=False))
+                if io.tls is not None:
+                    await io.tls.do_handshake()
+                await io.send_all(encode_response(response, keep_alive=False))
                 await _linger(sock)
-        except OSError:
+        except _CLIENT_GONE:
             pass
         finally:
             self._refusing -= 1
@@ -319,16 +398,17 @@ class HttpServer:
     # -- one connection ------------------------------------------------------------------------------
 
     async def _serve_connection(self, sock: socket.socket) -> None:
-        connection = _Connection(sock)
+        connection = _Connection(sock, self._connection_io(sock))
         self._open.add(connection)
         try:
             with connection.scope:
-                await self._serve(connection)
+                if connection.io.tls is None or await self._handshake(connection):
+                    await self._serve(connection)
             if connection.scope.cancelled_caught and connection.phase == READING:
                 await self._send_error_and_close(connection, 408, QueenError(
                     "request_timeout", f"the request did not arrive whole within {self.config.request_read_timeout_s} s"))
-        except OSError:
-            pass  # the client went away (reset, broken pipe): nothing to answer
+        except _CLIENT_GONE:
+            pass  # the client went away (reset, broken pipe, a broken TLS stream): nothing to answer
         except Exception:
             logger.exception("event=connection_failed action=closed")
         finally:
@@ -338,9 +418,29 @@ class HttpServer:
                 self.connections -= 1
             self._closed(sock)
 
+    async def _handshake(self, connection: _Connection) -> bool:
+        """The TLS handshake, within the request read deadline. False if it failed (the client is
+        answered if it spoke plain HTTP, and the connection ends)."""
+        connection.phase = HANDSHAKING
+        connection.deadline = trio.current_time() + self.config.request_read_timeout_s
+        try:
+            await connection.io.tls.do_handshake()
+            return True
+        except trio.BrokenResourceError as error:
+            cause = error.__cause__
+            if isinstance(cause, ssl.SSLError) and cause.reason == "HTTP_REQUEST":
+                # A plain HTTP request at the HTTPS port: say so in words its client can show, not
+                # a TLS alert it cannot read.
+                await self._send_error_and_close(connection, 400, QueenError(
+                    "bad_http", "this port speaks HTTPS: use an https:// URL"), plain=True)
+            else:
+                logger.debug("event=tls_handshake_failed error=%r", str(cause or error))
+            return False
+
     async def _serve(self, connection: _Connection) -> None:
         config = self.config
-        sock = connection.sock
+        io = connection.io
+        receive, send_all, wait_gone = io.receive, io.send_all, io.wait_gone
         idle = self._idle
         answer_now = partial(self._until_room_needed, connection)  # one for the connection's requests
         pending = b""
@@ -349,7 +449,7 @@ class HttpServer:
                 connection.phase = IDLE
                 connection.deadline = trio.current_time() + config.idle_timeout_s
                 idle[connection] = None
-                pending = await self.receive(sock)
+                pending = await receive()
                 idle.pop(connection, None)
                 if not pending or connection.evicted:
                     # Evicted to make room after its request arrived but before this task ran on:
@@ -369,7 +469,7 @@ class HttpServer:
                 connection.deadline = trio.current_time() + config.request_read_timeout_s
                 buffer = h11_conn = h11.Connection(h11.SERVER, max_incomplete_event_size=config.header_bytes_max)
                 try:
-                    request = await self._read_request(h11_conn, sock, pending)
+                    request = await self._read_request(h11_conn, io, pending)
                 except Reject as reject:
                     await self._send_error_and_close(connection, reject.status, reject.error)
                     return
@@ -381,7 +481,7 @@ class HttpServer:
                     return
             connection.phase = HANDLING
             connection.deadline = _NEVER
-            request.wait_gone = partial(_wait_gone, buffer, sock)
+            request.wait_gone = partial(wait_gone, buffer)
             request.answer_now = answer_now
             self.requests_in_flight += 1
             self.requests_total += 1
@@ -397,7 +497,7 @@ class HttpServer:
                 response.body = b""
             connection.phase = WRITING
             connection.deadline = trio.current_time() + config.send_timeout_s
-            await _send_all(sock, encode_response(response, keep_alive))
+            await send_all(encode_response(response, keep_alive))
             if not keep_alive:
                 return
             pending, closed = buffer.trailing_data
@@ -420,7 +520,7 @@ class HttpServer:
             logger.exception("event=handler_failed method=%r target=%r", request.method[:16], request.target[:200])
             return error_response(INTERNAL, wants_cbor)
 
-    async def _read_request(self, conn: h11.Connection, sock: socket.socket, pending: bytes) -> Request | None:
+    async def _read_request(self, conn: h11.Connection, io: _ConnectionIo, pending: bytes) -> Request | None:
         """The rest of a request that has started to arrive (`pending`, its first bytes), or None
         if the client closed. The reaper answers 408 if it takes longer than allowed."""
         config = self.config
@@ -439,9 +539,9 @@ class HttpServer:
                     raise Reject(413, "body_too_large", f"a chunk of {owed} more bytes was announced; the body "
                                   f"would be over the limit of {config.body_bytes_max} bytes")
                 if conn.they_are_waiting_for_100_continue and not continue_sent:
-                    await _send_all(sock, b"HTTP/1.1 100 Continue\r\n\r\n")
+                    await io.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
                     continue_sent = True
-                data = await self.receive(sock)
+                data = await io.receive()
                 lines.feed(data)
                 conn.receive_data(data)
                 continue
@@ -455,16 +555,20 @@ class HttpServer:
                 head = Head(event, config)
             elif kind is h11.EndOfMessage:
                 body = body_parts[0] if len(body_parts) == 1 else b"".join(body_parts)
-                return Request(head.method, head.target, head.content_type, head.accept, bytes(body), head.keep_alive)
+                return Request(head.method, head.target, head.content_type, head.accept, bytes(body), head.keep_alive,
+                               head.authorization)
             elif kind is h11.ConnectionClosed:
                 return None
 
-    async def _send_error_and_close(self, connection: _Connection, status: int, error: QueenError) -> None:
+    async def _send_error_and_close(self, connection: _Connection, status: int, error: QueenError,
+                                    plain: bool = False) -> None:
+        """plain: write to the socket itself, even on a TLS connection (no handshake happened)."""
         connection.deadline = _NEVER
         connection.phase = WRITING
         error.http_status = status
+        send_all = partial(_send_all, connection.sock) if plain else connection.io.send_all
         with trio.move_on_after(LINGER_S):
-            await _send_all(connection.sock, encode_response(error_response(error), keep_alive=False))
+            await send_all(encode_response(error_response(error), keep_alive=False))
             if status != 408:  # a stalled client is not sending anything worth waiting for
                 await _linger(connection.sock)
 
@@ -497,15 +601,15 @@ async def _send_all(sock: socket.socket, data: bytes) -> None:
             continue
 
 
-async def _wait_gone(buffer: h11.Connection | PendingBytes, sock: socket.socket) -> None:
+async def _wait_gone(receive, buffer: h11.Connection | PendingBytes) -> None:
     """Return when the client closes its side while its request is being handled. Bytes it sends
     meanwhile (a pipelined request) are kept in `buffer` for the next request; past a bound we
-    stop watching."""
+    stop watching. receive: the connection's (plain or TLS)."""
     buffered = 0
     while buffered < RECEIVE_BYTES:
         try:
-            data = await _receive(sock)
-        except OSError:
+            data = await receive()
+        except _CLIENT_GONE:
             return
         if not data:
             return

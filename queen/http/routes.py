@@ -10,7 +10,10 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qs, unquote
 
+from queen.auth import ADMIN, OPEN, READ, SERVER, WRITE, Authenticator, Forbidden, require
+from queen.core import tenants
 from queen.core.kv import (
+    LOCKS_NS,
     READ_OPS,
     check_fields,
     decode_cursor,
@@ -43,6 +46,7 @@ from queen.core.timer_ops import parse_timer_ops
 from queen.errors import BadRequest, QueenError
 from queen.http import queen_mq
 from queen.http.codec import CBOR, decode_body, encode_body
+from queen.http.tenancy import AREAS, KV, QUEUES, Tenancy, audit
 from queen.http.wire import Request, Response
 
 
@@ -58,37 +62,50 @@ class Api:
     """The routes, as a table: method and path pattern to handler. Every handler takes the request,
     the path's captured parts and the query parameters, and returns the answer's document."""
 
-    def __init__(self, router, limits: Limits, metrics=None):
+    def __init__(self, router, limits: Limits, metrics=None, tenancy: Tenancy | None = None):
         self.router = router
         self.limits = limits
-        self.metrics = metrics
+        self.metrics = metrics  # (tenant prefix or None for every tenant) -> the exposition text
+        self.tenancy = tenancy if tenancy is not None else Tenancy(router)
+        self.gate = Authenticator(None)  # replaced whole when the auth file is read again
         # Exact paths first (the hot ones are looked up in one dict), then patterns in order.
-        self.exact: dict[str, dict[bytes, object]] = {
-            "/api/v1/kv": {b"POST": self._kv_batch},
-            "/api/v1/locks": {b"POST": self._locks, b"GET": self._list_locks},
-            "/api/v1/transaction": {b"POST": self._transaction},
-            "/api/v1/timers": {b"POST": self._timers, b"GET": self._list_timers},
-            "/api/v1/configure": {b"POST": self._configure},
-            "/api/v1/push": {b"POST": self._push},
-            "/api/v1/ack": {b"POST": self._ack},
-            "/api/v1/ack/batch": {b"POST": self._ack_batch},
-            "/api/v1/dlq": {b"GET": self._dlq, b"DELETE": self._dlq_purge},
-            "/api/v1/dlq/requeue": {b"POST": self._dlq_requeue},
-            "/api/v1/resources/queues": {b"GET": self._queues},
+        # Each handler with the least a caller's role must have (queen/auth.py); a route whose
+        # body may hold reads or writes (a KV batch, locks, timers, a transaction) asks for more
+        # once it has seen them.
+        self.exact: dict[str, dict[bytes, tuple]] = {
+            "/api/v1/kv": {b"POST": (self._kv_batch, READ)},
+            "/api/v1/locks": {b"POST": (self._locks, READ), b"GET": (self._list_locks, READ)},
+            "/api/v1/transaction": {b"POST": (self._transaction, READ)},
+            "/api/v1/timers": {b"POST": (self._timers, READ), b"GET": (self._list_timers, READ)},
+            "/api/v1/configure": {b"POST": (self._configure, WRITE)},
+            "/api/v1/push": {b"POST": (self._push, WRITE)},
+            "/api/v1/ack": {b"POST": (self._ack, WRITE)},
+            "/api/v1/ack/batch": {b"POST": (self._ack_batch, WRITE)},
+            "/api/v1/dlq": {b"GET": (self._dlq, READ), b"DELETE": (self._dlq_purge, ADMIN)},
+            "/api/v1/dlq/requeue": {b"POST": (self._dlq_requeue, WRITE)},
+            "/api/v1/resources/queues": {b"GET": (self._queues, READ)},
+            "/api/v1/tenant": {b"GET": (self._tenant, READ)},
+            "/api/v1/tenants": {b"GET": (self._tenants, SERVER)},
+            "/api/v1/pause": {b"POST": (self._pause, ADMIN)},
+            "/api/v1/resume": {b"POST": (self._pause, ADMIN)},
+            "/metrics": {b"GET": (self._metrics, READ)},
         }
-        self.patterns: list[tuple[re.Pattern, dict[bytes, object]]] = [
-            (re.compile(r"/api/v1/kv/(.+)"), {b"GET": self._kv_one_key, b"PUT": self._kv_one_key,
-                                              b"DELETE": self._kv_one_key, b"POST": self._kv_one_key}),
-            (re.compile(r"/api/v1/pop/queue/([^/]+)"), {b"GET": self._pop}),
-            (re.compile(r"/api/v1/pop/queue/([^/]+)/partition/([^/]+)"), {b"GET": self._pop}),
-            (re.compile(r"/api/v1/lease/([^/]+)/(extend|release)"), {b"POST": self._lease}),
-            (re.compile(r"/api/v1/resources/queues/([^/]+)"), {b"GET": self._queue_info, b"DELETE": self._queue_delete}),
-            (re.compile(r"/api/v1/resources/queues/([^/]+)/partitions"), {b"GET": self._partitions}),
-            (re.compile(r"/api/v1/consumer-groups/([^/]+)/queues/([^/]+)"), {b"DELETE": self._group_delete}),
-            (re.compile(r"/api/v1/consumer-groups/([^/]+)"), {b"DELETE": self._group_delete_everywhere}),
+        self.patterns: list[tuple[re.Pattern, dict[bytes, tuple]]] = [
+            (re.compile(r"/api/v1/kv/(.+)"), {b"GET": (self._kv_one_key, READ), b"PUT": (self._kv_one_key, WRITE),
+                                              b"DELETE": (self._kv_one_key, WRITE),
+                                              b"POST": (self._kv_one_key, WRITE)}),
+            (re.compile(r"/api/v1/pop/queue/([^/]+)"), {b"GET": (self._pop, WRITE)}),
+            (re.compile(r"/api/v1/pop/queue/([^/]+)/partition/([^/]+)"), {b"GET": (self._pop, WRITE)}),
+            (re.compile(r"/api/v1/lease/([^/]+)/(extend|release)"), {b"POST": (self._lease, WRITE)}),
+            (re.compile(r"/api/v1/resources/queues/([^/]+)"), {b"GET": (self._queue_info, READ),
+                                                               b"DELETE": (self._queue_delete, ADMIN)}),
+            (re.compile(r"/api/v1/resources/queues/([^/]+)/partitions"), {b"GET": (self._partitions, READ)}),
+            (re.compile(r"/api/v1/consumer-groups/([^/]+)/queues/([^/]+)"), {b"DELETE": (self._group_delete, ADMIN)}),
+            (re.compile(r"/api/v1/consumer-groups/([^/]+)"), {b"DELETE": (self._group_delete_everywhere, ADMIN)}),
             # The public Queen MQ client's timer routes: one key (its keys may hold '/'), one queue's page.
-            (re.compile(r"/api/v1/timers/([^/]+)/(.+)"), {b"GET": self._timer_one, b"DELETE": self._timer_one}),
-            (re.compile(r"/api/v1/timers/([^/]+)"), {b"GET": self._timer_page}),
+            (re.compile(r"/api/v1/timers/([^/]+)/(.+)"), {b"GET": (self._timer_one, READ),
+                                                          b"DELETE": (self._timer_one, WRITE)}),
+            (re.compile(r"/api/v1/timers/([^/]+)"), {b"GET": (self._timer_page, READ)}),
         ]
 
     async def handle(self, request: Request) -> Response:
@@ -98,26 +115,33 @@ class Api:
         handlers = self.exact.get(path)
         parts: tuple = ()
         if handlers is None:
-            if path == "/healthz" or path == "/health":  # /health: the Queen MQ client's spelling
+            if path == "/healthz" or path == "/health":  # /health: the Queen MQ client's spelling; no token
                 _allow(method, b"GET")
                 return self._health(request)
-            if path == "/metrics":
-                _allow(method, b"GET")
-                text = self.metrics() if self.metrics is not None else ""
-                return Response(200, text.encode(), b"text/plain; version=0.0.4")
             for pattern, candidates in self.patterns:
                 match = pattern.fullmatch(path)
                 if match is not None:
                     handlers, parts = candidates, match.groups()
                     break
-            else:
-                raise NotFound("not_found", f"no route {path}", {"path": path[:200]})
-        handler = handlers.get(method)
-        if handler is None:
+        # Who is calling comes before what exists: a caller without a valid token learns nothing,
+        # not even which routes there are.
+        gate = self.gate
+        principal = OPEN if gate.open else gate.principal(request.authorization)
+        request.principal = principal
+        if handlers is None:
+            raise NotFound("not_found", f"no route {path}", {"path": path[:200]})
+        entry = handlers.get(method)
+        if entry is None:
             names = sorted(m.decode() for m in handlers)
             raise MethodNotAllowed("method_not_allowed", f"{method.decode()} is not allowed here; use {' or '.join(names)}",
                                    {"allow": names})
-        return self._reply(request, await handler(request, parts, query))
+        handler, level = entry
+        if principal.level < level:
+            raise Forbidden(principal, level)
+        document = await handler(request, parts, query)
+        if type(document) is Response:  # /metrics: text, not a document
+            return document
+        return self._reply(request, document)
 
     def _reply(self, request: Request, document, status: int = 200) -> Response:
         body, content_type = encode_body(document, request.accept.startswith(b"application/cbor"))
@@ -139,6 +163,12 @@ class Api:
         raw_ops = queen_mq.kv_ops(document.get("operations"), self.limits, request.body)
         ops = parse_kv_ops(raw_ops, self.limits, values_checked=self._values_checked(request))
         has_writes = any(op.op not in READ_OPS for op in ops)
+        principal = request.principal
+        if has_writes:
+            require(principal, WRITE)
+            self.tenancy.admit(principal, KV, len(ops), grows=sum(op.op in _KV_GROWS for op in ops))
+        if principal.prefix:
+            _own_kv(ops, principal.prefix)
         return {"results": queen_mq.kv_answers(await self.router.run_kv(ops, has_writes))}
 
     async def _kv_one_key(self, request: Request, parts, query: str):
@@ -154,28 +184,28 @@ class Api:
                 raw["cursor"] = params["cursor"]
             if "limit" in params:
                 raw["limit"] = whole_number(params["limit"], "limit", "invalid_limit", 1, self.limits.page_items_max)
-            return await self._one(raw)
+            return await self._one(request, raw)
         if method == b"POST":
             if not key_raw.endswith("/incr"):
                 raise MethodNotAllowed("method_not_allowed", "POST on a key is only .../incr", {"allow": ["GET", "PUT", "DELETE"]})
             raw = self._body_object(request, required=False, allowed=_INCR_BODY)
             raw.update(op="incr", ns=ns, key=unquote(key_raw[:-len("/incr")]))
-            return await self._one(raw)
+            return await self._one(request, raw)
         key = unquote(key_raw)
         if method == b"GET":
-            return await self._one({"op": "get", "ns": ns, "key": key})
+            return await self._one(request, {"op": "get", "ns": ns, "key": key})
         if method == b"PUT":
             raw = self._body_object(request, required=True, allowed=_PUT_BODY)
             if_absent = raw.pop("ifAbsent", False)
             if if_absent is not True and if_absent is not False:
                 raise BadRequest("invalid_if_absent", "ifAbsent must be true or false")
             raw.update(op="putIfAbsent" if if_absent is True else "put", ns=ns, key=key)
-            return await self._one(raw)
+            return await self._one(request, raw)
         if method == b"DELETE":
             raw = {"op": "delete", "ns": ns, "key": key}
             if "expect" in params:
                 raw["expect"] = whole_number(params["expect"], "expect", "invalid_expect")
-            return await self._one(raw)
+            return await self._one(request, raw)
         raise MethodNotAllowed("method_not_allowed", f"{method.decode()} is not allowed here", {"allow": ["GET", "PUT", "DELETE"]})
 
     # -- locks and transactions --------------------------------------------------------------------
@@ -184,18 +214,52 @@ class Api:
         document = decode_body(request.body, request.content_type)
         _check_batch_body(document)
         ops = parse_lock_ops(document.get("operations"), self.limits)
-        return {"results": await self.router.run_locks(ops, wait_gone=request.wait_gone, answer_now=request.answer_now)}
+        principal = request.principal
+        if any(op.op != "get" for op in ops):
+            require(principal, WRITE)
+            # Locks are KV rows: they count against its KV quota and rate, and a KV pause stops them.
+            self.tenancy.admit(principal, KV, len(ops), grows=sum(op.op == "acquire" for op in ops))
+        if principal.prefix:
+            ns = principal.prefix + LOCKS_NS
+            for op in ops:
+                op.ns = ns
+        results = await self.router.run_locks(ops, wait_gone=request.wait_gone, answer_now=request.answer_now)
+        if principal.level >= ADMIN and principal is not OPEN:
+            for op, result in zip(ops, results, strict=True):
+                if op.op == "release" and result.get("released"):
+                    audit(principal, "lock_release", lock=op.name, owner=op.owner)  # an admin's: often by hand
+        return {"results": results}
 
     async def _list_locks(self, request: Request, parts, query: str):
         params = _query(query)
         prefix = params.get("prefix", "")
         if len(prefix.encode()) > self.limits.lock_name_bytes_max:
             raise BadRequest("invalid_prefix", f"prefix must be at most {self.limits.lock_name_bytes_max} bytes")
-        return await self.router.list_permits(prefix, decode_cursor(params.get("cursor")), page_limit(params, self.limits))
+        return await self.router.list_permits(prefix, decode_cursor(params.get("cursor")), page_limit(params, self.limits),
+                                              request.principal.prefix + LOCKS_NS)
 
     async def _transaction(self, request: Request, parts, query):
         document = decode_body(request.body, request.content_type)
         txn, spelling = queen_mq.parse_transaction_document(document, self.limits, self.router.now_ms())
+        principal = request.principal
+        if txn.writes():
+            require(principal, WRITE)
+            if txn.kv:
+                self.tenancy.admit(principal, KV, len(txn.kv), grows=sum(op.op in _KV_GROWS for op in txn.kv))
+            if txn.ack or txn.push or txn.timers:
+                # One call, so its write is counted once: here only when it had no KV part.
+                self.tenancy.admit(principal, QUEUES, len(txn.ack) + len(txn.push) + len(txn.timers),
+                                   pushes=len(txn.push), timers=sum(op.op == "schedule" for op in txn.timers))
+        if principal.prefix:  # every name its own: a transaction cannot reach another tenant's
+            prefix = principal.prefix
+            _own_kv(txn.kv, prefix)
+            for item in txn.ack:
+                item.prefix = prefix
+            for item in txn.push:
+                item.queue = prefix + item.queue
+            for op in txn.timers:
+                op.queue = prefix + op.queue
+            txn.prefix = prefix
         return queen_mq.transaction_answer(txn, spelling, await self.router.run_transaction(txn))
 
     async def _timers(self, request: Request, parts, query):
@@ -203,6 +267,13 @@ class Api:
         _check_batch_body(document)
         raw_ops, spelled = queen_mq.timer_ops(document.get("operations"))
         ops = parse_timer_ops(raw_ops, self.limits, self.router.now_ms())
+        principal = request.principal
+        if any(op.op != "get" for op in ops):
+            require(principal, WRITE)
+            self.tenancy.admit(principal, QUEUES, len(ops), timers=sum(op.op == "schedule" for op in ops))
+        if principal.prefix:
+            for op in ops:
+                op.queue = principal.prefix + op.queue
         return {"results": queen_mq.timer_answers(ops, spelled, await self.router.timers(ops))}
 
     async def _list_timers(self, request: Request, parts, query):
@@ -213,43 +284,65 @@ class Api:
         if len(prefix.encode()) > self.limits.timer_key_bytes_max:
             raise BadRequest("invalid_prefix", f"prefix must be at most {self.limits.timer_key_bytes_max} bytes")
         after = decode_cursor(params.get("cursor"))
-        return await self.router.list_timers(queue, prefix, after, page_limit(params, self.limits))
+        return await self.router.list_timers(request.principal.prefix + queue, prefix, after,
+                                             page_limit(params, self.limits))
 
     # -- queues -------------------------------------------------------------------------------------
 
     async def _configure(self, request: Request, parts, query):
         document = queen_mq.configure_document(decode_body(request.body, request.content_type))
         queue, changes = parse_configure(document, self.limits)
+        self.tenancy.admit(request.principal, QUEUES, 1)
+        queue = request.principal.prefix + queue
         return await self.router.run_queue(queue, Configure(queue, changes))
 
     async def _push(self, request: Request, parts, query):
         items = parse_push(queen_mq.push_document(decode_body(request.body, request.content_type)), self.limits)
+        principal = request.principal
+        self.tenancy.admit(principal, QUEUES, len(items), pushes=len(items))
+        if principal.prefix:
+            for item in items:
+                item.queue = principal.prefix + item.queue
         return await self.router.push(items)
 
     async def _pop(self, request: Request, parts, query):
         queue = unquote(parts[0])
         partition = unquote(parts[1]) if len(parts) > 1 else None
         op = parse_pop(queue, partition, queen_mq.pop_params(_query(query), self.limits), self.limits)
-        return await self.router.run_queue(queue, op, wait_gone=request.wait_gone, answer_now=request.answer_now)
+        principal = request.principal
+        self.tenancy.admit(principal, QUEUES, 1)
+        if principal.prefix:
+            op.queue = queue = principal.prefix + op.queue
+        return await self.router.run_queue(op.queue, op, wait_gone=request.wait_gone, answer_now=request.answer_now)
 
     async def _ack(self, request: Request, parts, query):
-        [result] = await self.router.ack([parse_ack(decode_body(request.body, request.content_type), self.limits)])
+        item = parse_ack(decode_body(request.body, request.content_type), self.limits)
+        self.tenancy.admit(request.principal, QUEUES, 1)
+        item.prefix = request.principal.prefix
+        [result] = await self.router.ack([item])
         result.pop("index", None)
         return result
 
     async def _ack_batch(self, request: Request, parts, query):
-        return await self.router.ack(parse_acks(decode_body(request.body, request.content_type), self.limits))
+        items = parse_acks(decode_body(request.body, request.content_type), self.limits)
+        self.tenancy.admit(request.principal, QUEUES, len(items))
+        prefix = request.principal.prefix
+        for item in items:
+            item.prefix = prefix
+        return await self.router.ack(items)
 
     async def _lease(self, request: Request, parts, query):
         lease_raw, action = parts
         document = decode_body(request.body, request.content_type) if request.body else None
+        prefix = request.principal.prefix
+        self.tenancy.admit(request.principal, QUEUES, 1)
         if action == "release":
             if document not in (None, {}):
                 raise BadRequest("unknown_field", "release takes no fields: send {} or no body")
             lease_id, _ = parse_extend(lease_raw, None, self.limits)
-            return await self.router.lease_call(LeaseCall("release", lease_id))
+            return await self.router.lease_call(LeaseCall("release", lease_id, prefix=prefix))
         lease_id, seconds = parse_extend(lease_raw, document, self.limits)
-        return await self.router.lease_call(LeaseCall("extend", lease_id, seconds))
+        return await self.router.lease_call(LeaseCall("extend", lease_id, seconds, prefix=prefix))
 
     async def _dlq(self, request: Request, parts, query):
         params = _query(query)
@@ -259,6 +352,7 @@ class Api:
         group = None if group is None else group_name(group, self.limits)
         partition = params.get("partition")
         skip = query_number(params, "offset", "invalid_offset", 0)
+        queue = request.principal.prefix + queue
         op = QueueAdmin("dlq", queue, group=group, partition=partition, cursor=decode_dlq_cursor(params.get("cursor")), skip=skip,
                         limit=page_limit(params, self.limits))
         return await self.router.run_queue(queue, op)
@@ -269,32 +363,43 @@ class Api:
         queue = queue_name(params.get("queue"), self.limits)
         group = params.get("consumerGroup")
         group = None if group is None else group_name(group, self.limits)
-        return await self.router.run_queue(queue, QueueAdmin("purge", queue, group=group))
+        self.tenancy.admit(request.principal, QUEUES, 1)
+        result = await self.router.run_queue(request.principal.prefix + queue,
+                                             QueueAdmin("purge", request.principal.prefix + queue, group=group))
+        audit(request.principal, "dlq_purge", queue=queue, group=group)
+        return result
 
     async def _dlq_requeue(self, request: Request, parts, query):
         queue, group, items = parse_requeue(decode_body(request.body, request.content_type), self.limits)
+        self.tenancy.admit(request.principal, QUEUES, len(items))
+        queue = request.principal.prefix + queue
         return await self.router.run_queue(queue, QueueAdmin("requeue", queue, group=group, items=items))
 
     async def _queues(self, request: Request, parts, query):
         params = _query(query)
         check_params(params, frozenset(("prefix", "cursor", "limit")))
         after = decode_cursor(params.get("cursor"))
-        return await self.router.list_queues(params.get("prefix", ""), after, page_limit(params, self.limits))
+        return await self.router.list_queues(params.get("prefix", ""), after, page_limit(params, self.limits),
+                                             request.principal.prefix)
 
     async def _queue_info(self, request: Request, parts, query):
         check_params(_query(query), frozenset())
-        queue = queue_name(unquote(parts[0]), self.limits)
+        queue = request.principal.prefix + queue_name(unquote(parts[0]), self.limits)
         return await self.router.run_queue(queue, QueueAdmin("info", queue))
 
     async def _queue_delete(self, request: Request, parts, query):
         check_params(_query(query), frozenset())
-        queue = queue_name(unquote(parts[0]), self.limits)
-        return await self.router.run_queue(queue, QueueAdmin("delete", queue))
+        shown_name = queue_name(unquote(parts[0]), self.limits)
+        queue = request.principal.prefix + shown_name
+        self.tenancy.admit(request.principal, QUEUES, 1)
+        result = await self.router.run_queue(queue, QueueAdmin("delete", queue))
+        audit(request.principal, "queue_delete", queue=shown_name)
+        return result
 
     async def _partitions(self, request: Request, parts, query):
         params = _query(query)
         check_params(params, frozenset(("consumerGroup", "prefix", "cursor", "limit")))
-        queue = queue_name(unquote(parts[0]), self.limits)
+        queue = request.principal.prefix + queue_name(unquote(parts[0]), self.limits)
         group = params.get("consumerGroup")
         group = None if group is None else group_name(group, self.limits)
         after = decode_cursor(params.get("cursor"))
@@ -307,8 +412,12 @@ class Api:
         params = _query(query)
         check_params(params, frozenset(("deleteMetadata",)))
         group = group_name(unquote(parts[0]), self.limits)
-        queue = queue_name(unquote(parts[1]), self.limits)
-        return await self.router.run_queue(queue, QueueAdmin("delete_group", queue, group=group))
+        shown_name = queue_name(unquote(parts[1]), self.limits)
+        queue = request.principal.prefix + shown_name
+        self.tenancy.admit(request.principal, QUEUES, 1)
+        result = await self.router.run_queue(queue, QueueAdmin("delete_group", queue, group=group))
+        audit(request.principal, "group_delete", queue=shown_name, group=group)
+        return result
 
     async def _timer_one(self, request: Request, parts, query):
         params = _query(query)
@@ -316,6 +425,9 @@ class Api:
         kind = "cancel" if request.method == b"DELETE" else "get"
         [op] = parse_timer_ops([{"op": kind, "queue": unquote(parts[0]), "key": unquote(parts[1])}], self.limits,
                                self.router.now_ms())
+        if kind == "cancel":
+            self.tenancy.admit(request.principal, QUEUES, 1)
+        op.queue = request.principal.prefix + op.queue
         [result] = await self.router.timers([op])
         queen_mq.timer_answer(op, True, result)
         if kind == "cancel" and "txn" in params:
@@ -326,7 +438,7 @@ class Api:
         """A queue's pending timers, as the Queen MQ client pages them: rows, truncated, nextAfter."""
         params = _query(query)
         check_params(params, frozenset(("after", "limit")))
-        queue = queue_name(unquote(parts[0]), self.limits)
+        queue = request.principal.prefix + queue_name(unquote(parts[0]), self.limits)
         after = params.get("after") or None
         # The Queen MQ client's page size, held to ours rather than refused.
         limit = min(query_number(params, "limit", "invalid_limit", 100), self.limits.page_items_max)
@@ -335,7 +447,82 @@ class Api:
     async def _group_delete_everywhere(self, request: Request, parts, query):
         params = _query(query)
         check_params(params, frozenset(("deleteMetadata",)))
-        return await self.router.delete_group_everywhere(group_name(unquote(parts[0]), self.limits))
+        group = group_name(unquote(parts[0]), self.limits)
+        self.tenancy.admit(request.principal, QUEUES, 1)
+        result = await self.router.delete_group_everywhere(group, request.principal.prefix)
+        audit(request.principal, "group_delete", queue="*", group=group)
+        return result
+
+    # -- tenants -------------------------------------------------------------------------------------
+
+    async def _metrics(self, request: Request, parts, query):
+        principal = request.principal
+        tenant = None if principal.operator else (
+            tenants.DEFAULT if principal.tenant == tenants.EVERY else principal.tenant)
+        text = self.metrics(tenant) if self.metrics is not None else ""
+        return Response(200, text.encode(), b"text/plain; version=0.0.4")
+
+    def _tenant_view(self, tenant: str) -> dict:
+        rules = self.tenancy.rules.get(tenant)
+        usage = self.router.usage.of_tenant.get(tenant)
+        limits = {}
+        if rules is not None:
+            limits = dict(rules.quotas)
+            if rules.writes is not None:
+                limits["writesPerSecond"] = rules.writes.rate
+            if rules.operations is not None:
+                limits["operationsPerSecond"] = rules.operations.rate
+        paused = self.tenancy.paused.get(tenant, frozenset())
+        return {"tenant": tenant, "usage": usage.wire() if usage is not None else None, "limits": limits,
+                "paused": {area: area in paused for area in AREAS}}
+
+    async def _tenant(self, request: Request, parts, query):
+        """The caller: its token's name, role and tenant, and the tenant's usage, limits and pauses."""
+        check_params(_query(query), frozenset())
+        principal = request.principal
+        tenant = tenants.DEFAULT if principal.tenant == tenants.EVERY else principal.tenant
+        return {"token": principal.name, "role": principal.role, "tokenTenant": principal.tenant,
+                **self._tenant_view(tenant)}
+
+    async def _tenants(self, request: Request, parts, query):
+        """The operator's view: every tenant the auth file or the data knows."""
+        check_params(_query(query), frozenset())
+        auth_file = self.gate.auth_file
+        known = {tenants.DEFAULT, *self.tenancy.rules, *self.router.usage.of_tenant, *self.tenancy.paused}
+        if auth_file is not None:
+            known.update(token.tenant for token in auth_file.tokens if token.tenant != tenants.EVERY)
+        return {"items": [self._tenant_view(tenant) for tenant in sorted(known)]}
+
+    async def _pause(self, request: Request, parts, query):
+        """POST /api/v1/pause or /resume {"kv": true, "queues": true[, "tenant": t]}: writes of those
+        areas answer 503 paused until resumed; reads go on. Only the operator names another tenant."""
+        check_params(_query(query), frozenset())
+        document = decode_body(request.body, request.content_type) if request.body else {}
+        if type(document) is not dict:
+            raise BadRequest("invalid_body", 'the body must be an object: {"kv": true, "queues": true}')
+        check_fields(document, _PAUSE_BODY, None, "body")
+        principal = request.principal
+        own = tenants.DEFAULT if principal.tenant == tenants.EVERY else principal.tenant
+        tenant = document.get("tenant", own)
+        if tenant != own:
+            require(principal, SERVER)
+            problem = tenants.name_problem(tenant) if isinstance(tenant, str) else "tenant must be a string"
+            if problem or tenant == tenants.EVERY:
+                raise BadRequest("invalid_tenant", problem or "name one tenant, not '*'")
+        areas = {}
+        for area in AREAS:
+            value = document.get(area, False)
+            if value is not True and value is not False:
+                raise BadRequest("invalid_body", f"{area} must be true or false")
+            if value:
+                areas[area] = request.target.startswith(b"/api/v1/pause")
+        if not areas:
+            raise BadRequest("invalid_body", 'say what: {"kv": true} (locks included), {"queues": true}, or both')
+        self.router.refuse_writes_if_unavailable()
+        paused = await self.tenancy.set_paused(tenant, areas)
+        audit(principal, "pause" if request.target.startswith(b"/api/v1/pause") else "resume", target_tenant=tenant,
+              areas=",".join(sorted(areas)))
+        return {"tenant": tenant, "paused": {area: area in paused for area in AREAS}}
 
     def _values_checked(self, request: Request) -> bool:
         """A JSON body decoded by orjson re-encodes to valid JSON, and (floats such as 1e2 can grow
@@ -352,9 +539,25 @@ class Api:
         check_fields(document, allowed, None, "body")
         return document
 
-    async def _one(self, raw: dict):
+    async def _one(self, request: Request, raw: dict):
         op = parse_kv_op(raw, None, self.limits)
-        return queen_mq.kv_answers(await self.router.run_kv([op], op.op not in READ_OPS))[0]
+        writes = op.op not in READ_OPS
+        principal = request.principal
+        if writes:
+            self.tenancy.admit(principal, KV, 1, grows=op.op in _KV_GROWS)
+        if principal.prefix:
+            _own_kv([op], principal.prefix)
+        return queen_mq.kv_answers(await self.router.run_kv([op], writes))[0]
+
+
+_KV_GROWS = frozenset(("put", "putIfAbsent", "incr"))
+_PAUSE_BODY = frozenset(("kv", "queues", "tenant"))
+
+
+def _own_kv(ops, prefix: str) -> None:
+    """The tenant's own namespaces: what its names are stored as (queen/core/tenants.py)."""
+    for op in ops:
+        op.ns = prefix + op.ns
 
 
 _DLQ_PARAMS = frozenset(("queue", "consumerGroup", "partition", "cursor", "limit", "offset"))

@@ -31,10 +31,11 @@ _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 
 
 class Request:
-    __slots__ = ("method", "target", "content_type", "accept", "body", "keep_alive", "wait_gone", "answer_now")
+    __slots__ = ("method", "target", "content_type", "accept", "body", "keep_alive", "wait_gone", "answer_now",
+                 "authorization", "principal")
 
     def __init__(self, method: bytes, target: bytes, content_type: bytes, accept: bytes, body: bytes,
-                 keep_alive: bool = True):
+                 keep_alive: bool = True, authorization: bytes = b""):
         self.method = method
         self.target = target
         self.content_type = content_type
@@ -45,6 +46,8 @@ class Request:
         # async () -> None, returns when the server needs the connection back for a new client: a
         # call parked on it is then answered as if its wait ran out (set per connection).
         self.answer_now = None
+        self.authorization = authorization  # the Authorization header's value, b"" when absent
+        self.principal = None  # who is calling (queen/auth.py), set by the routes before a handler runs
 
 
 class Response:
@@ -74,11 +77,12 @@ INTERNAL_BODY = (b'{"error":{"code":"internal","message":"the server failed to h
 
 def error_response(error: QueenError, wants_cbor: bool = False) -> Response:
     body, content_type = encode_body(error.to_wire(), wants_cbor)
-    headers = None
-    if error.http_status == 503:
-        headers = [(b"retry-after", b"1")]
-    elif error.http_status == 405 and "allow" in error.details:
-        headers = [(b"allow", ", ".join(error.details["allow"]).encode())]
+    headers = getattr(error, "headers", None)  # WWW-Authenticate, Retry-After: the error knows them
+    if headers is None:
+        if error.http_status == 503:
+            headers = [(b"retry-after", b"1")]
+        elif error.http_status == 405 and "allow" in error.details:
+            headers = [(b"allow", ", ".join(error.details["allow"]).encode())]
     return Response(error.http_status, body, content_type, headers)
 
 
@@ -127,7 +131,7 @@ def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] |
         HeadLines().feed(data)
         return None
     method, target, minor, fields = match.groups()
-    content_type = accept = b""
+    content_type = accept = authorization = b""
     length = 0
     hosts = lengths = 0
     plain = True
@@ -149,6 +153,8 @@ def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] |
             content_type = value.strip(b" \t").lower()
         elif name == b"accept":
             accept = value.strip(b" \t").lower()
+        elif name == b"authorization":
+            authorization = value.strip(b" \t")
         elif name == b"connection":
             if b"close" in value.lower():
                 keep_alive = False
@@ -166,7 +172,7 @@ def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] |
     stop = start + length
     if len(data) < stop:
         return None
-    return Request(method, target, content_type, accept, data[start:stop], keep_alive), data[stop:]
+    return Request(method, target, content_type, accept, data[start:stop], keep_alive, authorization), data[stop:]
 
 
 _OBSOLETE_LINE = re.compile(rb"(?<!\r)\n|\r\n[ \t]")
@@ -214,12 +220,12 @@ def chunk_bytes_owed(conn: h11.Connection) -> int:
 class Head:
     """What the server needs from a request head, read in one pass over its headers."""
 
-    __slots__ = ("method", "target", "content_type", "accept", "keep_alive")
+    __slots__ = ("method", "target", "content_type", "accept", "keep_alive", "authorization")
 
     def __init__(self, event: h11.Request, config: Config):
         self.method = event.method
         self.target = event.target
-        self.content_type = self.accept = b""
+        self.content_type = self.accept = self.authorization = b""
         keep_alive = event.http_version == b"1.1"
         # h11 bounds only a head still incomplete in its buffer; one that arrived whole in a single
         # read is measured here.
@@ -237,6 +243,8 @@ class Head:
                     raise Reject(413, "body_too_large", f"the body is {int(value)} bytes; the limit is {config.body_bytes_max}")
             elif name == b"accept":
                 self.accept = value.lower()
+            elif name == b"authorization":
+                self.authorization = value
             elif name == b"connection":
                 keep_alive = b"close" not in value.lower() and keep_alive
         if head_bytes > config.header_bytes_max:

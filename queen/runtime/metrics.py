@@ -5,6 +5,7 @@ component and its name and help text are here.
 
 from __future__ import annotations
 
+from queen.core import tenants
 from queen.core.queues.model import QueueStatistics
 from queen.core.timers import TimerStatistics
 from queen.http.connection import HttpStatistics
@@ -21,8 +22,10 @@ _QUEUE_GAUGES = {
 
 
 def render(http: HttpStatistics, wal: WalStatistics, rows: int, queues: list[QueueStatistics],
-           timers: list[TimerStatistics]) -> str:
-    """queues and timers: one snapshot per shard."""
+           timers: list[TimerStatistics], tenant_rows: list[tuple] = (), tenant: str | None = None) -> str:
+    """queues and timers: one snapshot per shard; tenant_rows: (tenant, usage dict or None,
+    {code: refused count}, paused areas) of each tenant. tenant: render only what is that
+    tenant's (its queues, its usage), as a tenant's own token sees /metrics; None for everything."""
     out = []
 
     def metric(name: str, kind: str, help_text: str, samples) -> None:
@@ -30,6 +33,27 @@ def render(http: HttpStatistics, wal: WalStatistics, rows: int, queues: list[Que
         if not isinstance(samples, list):
             samples = [("", samples)]
         out.extend(f"{name}{labels} {value}\n" for labels, value in samples)
+
+    def queue_labels(stored: str, extra: str = "") -> str | None:
+        """A queue's labels (with `tenant` for a named tenant's, when every tenant is shown), or
+        None when the queue is not the viewer's."""
+        owner = tenants.tenant_of(stored)
+        if tenant is not None:
+            return f'{{queue="{_label(tenants.shown(stored))}"{extra}}}' if owner == tenant else None
+        named = f',tenant="{_label(owner)}"' if owner != tenants.DEFAULT else ""
+        return f'{{queue="{_label(tenants.shown(stored))}"{named}{extra}}}'
+
+    tenant_samples = [row for row in tenant_rows if tenant is None or row[0] == tenant]
+    usage_samples = [(f'{{tenant="{_label(name)}",what="{what}"}}', value)
+                     for name, usage, _, _ in tenant_samples if usage for what, value in usage.items()]
+    refused_samples = [(f'{{tenant="{_label(name)}",code="{code}"}}', n)
+                       for name, _, refused, _ in tenant_samples for code, n in sorted(refused.items())]
+    paused_samples = [(f'{{tenant="{_label(name)}",area="{area}"}}', int(area in paused))
+                      for name, _, _, paused in tenant_samples for area in ("kv", "queues")]
+    if tenant is not None:
+        _queue_metrics(metric, queues, queue_labels)
+        _tenant_metrics(metric, usage_samples, refused_samples, paused_samples)
+        return "".join(out)
 
     metric("queen_requests_total", "counter", "HTTP requests answered", http.requests_total)
     metric("queen_connections", "gauge", "open HTTP connections", http.connections)
@@ -58,26 +82,12 @@ def render(http: HttpStatistics, wal: WalStatistics, rows: int, queues: list[Que
            "versions up to this are reserved on disk; a restart continues above it", wal.ceiling)
     metric("queen_rows", "gauge", "rows held in memory (expired rows not yet freed included)", rows)
 
-    by_what: dict[str, list] = {what: [] for what in _QUEUE_GAUGES}
-    for shard in queues:
-        for queue, group, what, value in shard.gauges:
-            labels = f'{{queue="{_label(queue)}"' + (f',group="{_label(group)}"' if group else "") + "}"
-            by_what[what].append((labels, value))
-    for what, help_text in _QUEUE_GAUGES.items():
-        metric(f"queen_queue_{what}", "gauge", help_text, by_what[what])
+    _queue_metrics(metric, queues, queue_labels)
+    _tenant_metrics(metric, usage_samples, refused_samples, paused_samples)
     metric("queen_push_total", "counter", "pushed items by result", [
         ('{result="queued"}', sum(s.pushed for s in queues)),
         ('{result="duplicate"}', sum(s.duplicates for s in queues)),
         ('{result="failed"}', sum(s.push_failed for s in queues))])
-    redeliveries = []
-    for cause in ("failed", "expired"):
-        for shard in queues:
-            counts = shard.redelivered_failed if cause == "failed" else shard.redelivered_expired
-            redeliveries += [(f'{{queue="{_label(queue)}",cause="{cause}"}}', n) for queue, n in sorted(counts.items())]
-    metric("queen_redeliveries_total", "counter", "deliveries that ended without completion and were returned, by "
-           "queue and cause (a failed ack, or the lease expired)", redeliveries)
-    metric("queen_dlq_moves_total", "counter", "messages moved to a DLQ, by queue",
-           [(f'{{queue="{_label(queue)}"}}', n) for shard in queues for queue, n in sorted(shard.dlq_moves.items())])
     metric("queen_pops_parked", "gauge", "pops waiting for a message now (consumers idle on an empty queue)",
            sum(s.pops_parked for s in queues))
     metric("queen_pop_wait_seconds", "summary", "how long parked pops waited before they were served", [
@@ -96,6 +106,37 @@ def render(http: HttpStatistics, wal: WalStatistics, rows: int, queues: list[Que
     metric("queen_timer_fire_late_seconds_max", "gauge", "the latest any timer fired since the start",
            max((t.late_ms_max for t in timers), default=0) / 1000)
     return "".join(out)
+
+
+def _queue_metrics(metric, queues: list[QueueStatistics], queue_labels) -> None:
+    """The per-queue series, of the queues queue_labels gives labels for."""
+    by_what: dict[str, list] = {what: [] for what in _QUEUE_GAUGES}
+    for shard in queues:
+        for queue, group, what, value in shard.gauges:
+            labels = queue_labels(queue, f',group="{_label(group)}"' if group else "")
+            if labels is not None:
+                by_what[what].append((labels, value))
+    for what, help_text in _QUEUE_GAUGES.items():
+        metric(f"queen_queue_{what}", "gauge", help_text, by_what[what])
+    redeliveries = []
+    for cause in ("failed", "expired"):
+        for shard in queues:
+            counts = shard.redelivered_failed if cause == "failed" else shard.redelivered_expired
+            redeliveries += [(labels, n) for queue, n in sorted(counts.items())
+                             if (labels := queue_labels(queue, f',cause="{cause}"')) is not None]
+    metric("queen_redeliveries_total", "counter", "deliveries that ended without completion and were returned, by "
+           "queue and cause (a failed ack, or the lease expired)", redeliveries)
+    metric("queen_dlq_moves_total", "counter", "messages moved to a DLQ, by queue",
+           [(labels, n) for shard in queues for queue, n in sorted(shard.dlq_moves.items())
+            if (labels := queue_labels(queue)) is not None])
+
+
+def _tenant_metrics(metric, usage, refused, paused) -> None:
+    metric("queen_tenant_usage", "gauge", "what a named tenant holds, against its quotas: keys (KV and lock rows), "
+           "bytes, messages, timers", usage)
+    metric("queen_tenant_refused_total", "counter", "writes refused by a tenant's rate (rate_limited) or quotas "
+           "(quota_*)", refused)
+    metric("queen_tenant_paused", "gauge", "1 while an admin has paused the tenant's kv or queues writes", paused)
 
 
 def _label(value: str) -> str:

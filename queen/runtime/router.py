@@ -43,6 +43,7 @@ class Router:
         self.writer = steps.writer
         self.shared = steps.state.queues  # which queue an ack's partition or a lease is of (placement)
         self.versions = steps.state.versions
+        self.usage = self.shared.usage  # what each named tenant holds, for its quotas
         self.draining = False
 
     def now_ms(self) -> int:

@@ -15,12 +15,14 @@ import time
 
 import trio
 
+from queen.auth import Authenticator, AuthFile, AuthFileError
 from queen.clock import Clock
-from queen.config import Config
+from queen.config import Config, is_loopback
 from queen.core.state import Drain, State
 from queen.core.wheel import TICK_MS
 from queen.http.connection import HttpServer, connection_budget, open_listeners
 from queen.http.routes import Api
+from queen.http.tls import server_context
 from queen.runtime import metrics
 from queen.runtime.router import Router
 from queen.runtime.shard_actor import ShardActor
@@ -32,6 +34,7 @@ from queen.wal.recovery import recover
 from queen.wal.writer import WalWriter
 
 logger = logging.getLogger(__name__)
+audit_logger = logging.getLogger("queen.audit")
 
 
 class DataDirBusy(Exception):
@@ -52,9 +55,53 @@ class Server:
         self.http: HttpServer | None = None
         self._stop = trio.Event()
         self._lock_fd: int | None = None
+        self._reloads: trio.MemorySendChannel | None = None
+        self.reloads_done = 0  # SIGHUPs handled, the failed ones included
 
     def request_shutdown(self) -> None:
         self._stop.set()
+
+    def reload(self) -> None:
+        """Read the auth file (and the TLS certificate) again, as SIGHUP asks; done in the server's
+        own task, between requests. A file that cannot be used leaves what is in force."""
+        if self._reloads is not None:
+            self._reloads.send_nowait(None)
+
+    def _read_auth_file(self) -> AuthFile | None:
+        path = self.config.auth_file
+        return AuthFile.load(path) if path else None
+
+    async def _apply_auth(self, auth_file: AuthFile | None, api: Api) -> None:
+        before = api.gate.auth_file
+        api.gate = Authenticator(auth_file)
+        api.tenancy.configure(auth_file.tenant_settings if auth_file is not None else {})
+        names = {"default"} | ({t.tenant for t in auth_file.tokens} | set(auth_file.tenant_settings)
+                               if auth_file is not None else set())
+        await api.tenancy.load_pauses(sorted(names - set(api.tenancy.paused)))
+        if auth_file is not None and before is not None:  # a reload: what changed
+            old = {token.id: token for token in before.tokens}
+            new = {token.id: token for token in auth_file.tokens}
+            for token_id in sorted(new.keys() - old.keys()):
+                token = new[token_id]
+                audit_logger.info("event=audit action=token_added token=%r role=%s tenant=%s", token.name, token.role,
+                                  token.tenant)
+            for token_id in sorted(old.keys() - new.keys()):
+                audit_logger.info("event=audit action=token_removed token=%r", old[token_id].name)
+
+    async def _reload_forever(self, receive, api: Api) -> None:
+        async for _ in receive:
+            try:
+                auth_file = self._read_auth_file()
+            except AuthFileError as error:
+                logger.error("event=reload_failed reason=auth_file detail=%r action=kept_the_one_in_force", str(error))
+            else:
+                await self._apply_auth(auth_file, api)
+                logger.info("event=reloaded auth=%s tokens=%d", "on" if auth_file else "off",
+                            len(auth_file.tokens) if auth_file else 0)
+            reload_tls = getattr(self.http, "reload_tls", None)
+            if reload_tls is not None and self.config.tls_cert:
+                reload_tls()
+            self.reloads_done += 1
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         config = self.config
@@ -79,6 +126,13 @@ class Server:
 
     async def _run(self, task_status) -> None:
         config = self.config
+        auth_file = self._read_auth_file()  # before anything starts: a bad file refuses to start
+        if auth_file is None and not is_loopback(config.host):
+            logger.warning("event=insecure host=%s detail='no auth file: anyone who reaches the port may read, write "
+                           "and delete everything'", config.host)
+        # Loaded before recovery, which can take a while: a certificate that cannot be used stops
+        # the start at once (TlsSetupError, naming the file).
+        tls_context = server_context(config.tls_cert, config.tls_key) if config.tls_cert else None
         clock = Clock(self.wall_at_start_ms)
         count = config.shard_count
         state = self.state = State(count, clock.now_ms(), limits=config.limits())
@@ -104,8 +158,11 @@ class Server:
         steps = StepRunner(state, writer, clock)
         actors = [ShardActor(i, steps) for i in range(count)]
         router = self.router = Router(actors, steps)
-        http = self.http = HttpServer(Api(router, config.limits(), metrics=self.metrics_text), config,
-                                      connections_allowed=connection_budget(config.connections_max))
+        api = Api(router, config.limits(), metrics=self.metrics_text)
+        send_reload, receive_reload = trio.open_memory_channel(8)
+        http = self.http = HttpServer(api, config,
+                                      connections_allowed=connection_budget(config.connections_max),
+                                      tls_context=tls_context)
 
         writer_done = trio.Event()
 
@@ -120,13 +177,17 @@ class Server:
             for actor in actors:
                 core.start_soon(actor.run)
             core.start_soon(tick_forever, steps, TICK_MS)
+            await self._apply_auth(auth_file, api)  # pauses are read from the log: after recovery
+            self._reloads = send_reload
+            core.start_soon(self._reload_forever, receive_reload, api)
             listeners = open_listeners(config.host, config.port)
             self.port = listeners[0].getsockname()[1]
             async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as accept:
                     accept.start_soon(http.serve, listeners, connections)
-                    logger.info("event=listening host=%s port=%d data_dir=%s shards=%d connections_max=%d",
-                                config.host, self.port, os.path.abspath(config.data_dir), count,
+                    logger.info("event=listening host=%s port=%d tls=%s auth=%s data_dir=%s shards=%d "
+                                "connections_max=%d", config.host, self.port, "on" if tls_context else "off",
+                                "on" if auth_file is not None else "off", os.path.abspath(config.data_dir), count,
                                 http.connections_allowed)
                     task_status.started(self)
                     await self._stop.wait()
@@ -147,9 +208,16 @@ class Server:
             disk_thread.close()
         logger.info("event=shutdown_complete durable_version=%d", writer.durable_version)
 
-    def metrics_text(self) -> str:
+    def metrics_text(self, tenant: str | None = None) -> str:
+        """Every series, or (tenant) only that tenant's."""
         now_ms = self.router.now_ms()
         shards = self.state.shards
+        tenancy = self.http.app.tenancy
+        usage = self.router.usage.of_tenant
+        names = sorted({*usage, *tenancy.rules, *tenancy.paused, *(t for t, _ in tenancy.refused)})
+        tenant_rows = [(name, usage[name].wire() if name in usage else None,
+                        {code: n for (t, code), n in tenancy.refused.items() if t == name},
+                        tenancy.paused.get(name, frozenset())) for name in names]
         return metrics.render(self.http.statistics(), self.writer.statistics(), self.state.row_count(),
                               [shard.queues.statistics(now_ms) for shard in shards],
-                              [shard.queues.timers.statistics() for shard in shards])
+                              [shard.queues.timers.statistics() for shard in shards], tenant_rows, tenant)

@@ -44,6 +44,7 @@ class Target:
         self.env = dict(server.env or {})
         self.armed: str | None = None  # the failpoint of the running server, if any
         self.unexpected_exits: list[dict] = []  # the server died, and not at its failpoint: a violation
+        self.headers: dict = {}  # sent with every client request (a token, when auth is on)
 
     def died(self) -> bool:
         """The server process has exited (at its failpoint, or not)."""
@@ -132,7 +133,7 @@ class JsonClient:
             if self.connection is None:
                 self.connection = http.client.HTTPConnection("127.0.0.1", self.target.port, timeout=timeout_s)
             self.connection.request(method, path, None if body is None else json.dumps(body),
-                                    {"content-type": "application/json"})
+                                    {"content-type": "application/json", **self.target.headers})
             response = self.connection.getresponse()
             data = response.read()
             if response.status != 200:

@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from tests.faults.controls import CONTROLS, run_control
-from tests.faults.workloads import OUTCOMES, WORKLOADS, start_target
+from tests.faults.workloads import AUTH_VARIABLE, OUTCOMES, WORKLOADS, start_target
 
 # (kills, scale) of each workload in CI: a few crashes each, a few seconds each.
 CI_RUNS = {"kv": (4, 1.0), "locks": (3, 0.3), "queues": (3, 0.4), "timers": (3, 1.0), "recurring": (3, 1.0),
@@ -50,3 +50,16 @@ def test_a_server_that_dies_on_its_own_is_a_violation_not_a_crash_of_ours(tmp_pa
         assert len(target.unexpected_exits) == 1 and target.faults["failpoint_fsync+power_loss"] == 1
     finally:
         target.server.kill()
+
+
+@pytest.mark.parametrize("name", ["kv", "locks", "queues", "transactions"])
+def test_workload_keeps_its_promises_with_auth_on(tmp_path, monkeypatch, name):
+    """The same workloads, every client a writer of a named tenant: its names are stored under the
+    tenant's prefix through crashes, power loss, replay and snapshots."""
+    monkeypatch.setenv(AUTH_VARIABLE, "1")
+    kills, scale = CI_RUNS[name]
+    outcome = WORKLOADS[name](str(tmp_path), SEED + 1, kills=max(2, kills - 1), scale=scale)
+    OUTCOMES.append((outcome, None))
+    assert outcome.violations == [], outcome.violations[:3]
+    assert outcome.ops > 100, outcome.summary()
+    assert "auth=on" in (tmp_path / "data.log").read_text()

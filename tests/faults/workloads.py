@@ -37,6 +37,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from queen.auth import AuthFile
 from queen.testing import ServerProcess
 from tests.faults.checkers import (
     Ack,
@@ -73,6 +74,9 @@ TOLERANCE_MS = 10
 # Small segments and frequent snapshots, so runs cross segment cuts (new files, directory fsyncs)
 # and snapshot rewrites, not only appends.
 SERVER_ARGS = ("--segment-bytes-max", str(256 << 10), "--snapshot-wal-bytes", str(128 << 10))
+# Set (to anything) to run every workload against a server with an auth file, its clients with a token.
+AUTH_VARIABLE = "QUEEN_FAULTS_WITH_AUTH"
+AUTH_SECRETS: dict[str, str] = {}  # auth file -> the clients' secret
 
 
 @dataclass
@@ -112,8 +116,21 @@ def start_target(work_dir: str, control: str = "", power: bool = True, env: dict
     server_env = {"PYTHONPATH": REPO, "QUEEN_FAULT_CONTROL": control, **(env or {})}
     if journal:
         server_env["QUEEN_FAULT_JOURNAL"] = journal
-    server = ServerProcess(os.path.join(work_dir, "data"), *SERVER_ARGS, env=server_env, module="tests.faults.sut")
-    return Target(server.start(), journal)
+    args, headers = list(SERVER_ARGS), {}
+    if os.environ.get(AUTH_VARIABLE):
+        # Every client a writer of a named tenant: its names are stored under the tenant's prefix,
+        # so the promises are checked through the tenant's names as well.
+        path = os.path.join(work_dir, "auth.json")
+        auth_file = AuthFile.load(path, missing_ok=True)
+        if not auth_file.tokens:
+            AUTH_SECRETS[path] = auth_file.add("faults", "writer", "faults")
+            auth_file.save()
+        args += ["--auth-file", path]
+        headers = {"authorization": f"Bearer {AUTH_SECRETS[path]}"}
+    server = ServerProcess(os.path.join(work_dir, "data"), *args, env=server_env, module="tests.faults.sut")
+    target = Target(server.start(), journal)
+    target.headers = headers
+    return target
 
 
 class Clients:

@@ -11,7 +11,9 @@ import os
 import random
 
 import cbor2
+import pytest
 
+from queen.auth import AuthFile
 from queen.testing import HttpClient, open_server
 
 REQUESTS = 5000
@@ -59,6 +61,11 @@ def routes(known):
         ("GET", "/api/v1/resources/queues?prefix={key}&limit={number}", None),
         ("GET", "/api/v1/resources/queues/{key}/partitions?consumerGroup={key}&limit={number}", None),
         ("DELETE", "/api/v1/consumer-groups/{key}/queues/{key}", None),
+        ("GET", "/api/v1/tenant", None),
+        ("GET", "/api/v1/tenants", None),
+        # Not /pause: a pause (correctly) answers every later write 503, which this test counts as a fault.
+        ("POST", "/api/v1/resume", lambda r: {"kv": True, "queues": r.choice([True, False]),
+                                              "tenant": r.choice(["default", "fuzz", "nobody"])}),
     ]
 
 
@@ -285,3 +292,43 @@ async def test_boundary_integers_on_every_numeric_field_never_get_a_5xx_or_fail_
         print(f"boundary fuzz seed {SEED + 1}: {REQUESTS} requests, statuses {dict(sorted(statuses.items()))}")
         assert statuses.get(200, 0) > REQUESTS // 10 and statuses.get(400, 0) > REQUESTS // 10, statuses
         await assert_unharmed(client, known)
+
+
+class TokenClient:
+    """An HttpClient that sends a token with every request."""
+
+    def __init__(self, client: HttpClient, secret: str):
+        self.client = client
+        self.authorization = {"authorization": f"Bearer {secret}"}
+
+    async def request(self, method, path, body=None, headers=None):
+        return await self.client.request(method, path, body, {**(headers or {}), **self.authorization})
+
+    async def locks(self, *operations):
+        status, body = await self.request("POST", "/api/v1/locks", {"operations": list(operations)})
+        assert status == 200, body
+        return body["results"]
+
+
+@pytest.mark.parametrize("odd", [True, False], ids=["odd-values", "boundary-integers"])
+async def test_fuzzing_with_a_tenant_token_never_gets_a_5xx_and_stays_in_the_tenant(tmp_path, autojump_clock, odd):
+    """The same fuzz with auth on, as a writer of a named tenant (every name stored under its
+    prefix); the default tenant's row, written by the operator, is neither reached nor harmed."""
+    path = str(tmp_path / "auth.json")
+    auth_file = AuthFile.load(path, missing_ok=True)
+    writer, operator = auth_file.add("fuzz", "writer", "fuzz"), auth_file.add("ops", "admin", "*")
+    auth_file.save()
+    async with open_server(tmp_path / "d", auth_file=path) as server:
+        admin = TokenClient(HttpClient(server.port), operator)
+        outside = await open_fuzz_target(admin)
+        client = TokenClient(HttpClient(server.port), writer)
+        known = await open_fuzz_target(client)
+        # The tenant's ids and the operator's both within reach: the fuzzer names either.
+        known["leases"] += outside["leases"]
+        known["partitions"] += outside["partitions"]
+        statuses = await fuzz(client, SEED + 2 + odd, known, odd=odd)
+        assert sum(statuses.values()) == REQUESTS and 401 not in statuses, statuses
+        await assert_unharmed(client, {**known, "leases": known["leases"][:2]})
+        await assert_unharmed(admin, outside)
+        status, view = await client.request("GET", "/api/v1/tenant")
+        assert status == 200 and view["tenant"] == "fuzz"

@@ -26,6 +26,7 @@ from pyroaring import BitMap64
 
 from queen.core.limits import Limits
 from queen.core.queue_ops import PopOp
+from queen.core.tenants import Usage, UsageBook
 
 
 class GroupState:
@@ -100,10 +101,11 @@ class Group:
 
 class Queue:
     __slots__ = ("name", "created_at_ms", "options", "partitions", "by_id", "groups", "messages", "bytes",
-                 "dedupe_due", "version")
+                 "dedupe_due", "version", "usage")
 
-    def __init__(self, name, created_at_ms, options, version):
+    def __init__(self, name, created_at_ms, options, version, usage: Usage | None = None):
         self.name = name
+        self.usage = usage  # its tenant's, counted with messages and bytes; None for the default tenant
         self.created_at_ms = created_at_ms
         self.options = options
         self.partitions: dict[str, Partition] = {}
@@ -119,9 +121,10 @@ class Shared:
     """What every shard's queue table shares: capacity counters, and which queue an id belongs to
     (so acks and lease calls, which name only ids, reach the queue's shard)."""
 
-    __slots__ = ("queues", "bytes", "timers", "partition_queue", "lease_queue")
+    __slots__ = ("queues", "bytes", "timers", "partition_queue", "lease_queue", "usage")
 
     def __init__(self):
+        self.usage = UsageBook()  # per tenant, KV rows' included: the one object every shard shares
         self.queues = 0
         self.bytes = 0  # payloads retained (timers' included) and producer ids kept
         self.timers = 0

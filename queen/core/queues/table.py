@@ -159,7 +159,7 @@ class QueueTable(Delivery):
         options = {**DEFAULT_OPTIONS, **options}
         queue = self.queues.get(name)
         if queue is None:
-            queue = self.queues[name] = Queue(name, created_at_ms, options, version)
+            queue = self.queues[name] = Queue(name, created_at_ms, options, version, self.shared.usage.for_name(name))
             self.shared.queues += 1
         else:
             queue.options = options
@@ -297,6 +297,9 @@ class QueueTable(Delivery):
         partition.bytes += size
         queue.messages += 1
         queue.bytes += size
+        if queue.usage is not None:
+            queue.usage.messages += 1
+            queue.usage.bytes += size
         self.shared.bytes += size
         if tid is not None:
             self.producer_ids.remember(queue, partition, tid, offset, message_id, created_at_ms, until_ms)
@@ -385,6 +388,9 @@ class QueueTable(Delivery):
             partition.bytes -= size
             queue.messages -= 1
             queue.bytes -= size
+            if queue.usage is not None:
+                queue.usage.messages -= 1
+                queue.usage.bytes -= size
             self.shared.bytes -= size
         if below > partition.removed_below:
             partition.removed_below = below
@@ -423,10 +429,11 @@ class QueueTable(Delivery):
             return kind, {"state": found[1]}
         return None
 
-    def lease_live(self, lease_id: int, now_ms: int, group: str | None = None) -> bool:
-        """Whether the lease (of this shard's queues) is live, and of `group` when one is named."""
+    def lease_live(self, lease_id: int, now_ms: int, group: str | None = None, prefix: str = "") -> bool:
+        """Whether the lease (of this shard's queues) is live, of `group` when one is named, and of
+        a queue of the tenant with that name prefix."""
         entry = self.leases.get(lease_id)
-        if entry is None:
+        if entry is None or not is_own(entry[0].name, prefix):
             return False
         lease = entry[2]
         return lease.expires_at_ms > now_ms and (group is None or group == lease.group)
@@ -639,6 +646,9 @@ class QueueTable(Delivery):
             partition.bytes -= size
             queue.messages -= 1
             queue.bytes -= size
+            if queue.usage is not None:
+                queue.usage.messages -= 1
+                queue.usage.bytes -= size
             self.shared.bytes -= size
 
     # ------------------------------------------------------------------------------------------
@@ -877,6 +887,9 @@ class QueueTable(Delivery):
             self.sweep_wheel.remove((queue.name, partition.id))
             self.producer_ids.drop(partition)
         self.shared.bytes -= queue.bytes
+        if queue.usage is not None:
+            queue.usage.messages -= queue.messages
+            queue.usage.bytes -= queue.bytes
         self.shared.queues -= 1
         del self.queues[queue.name]
         self.timers.drop_queue(queue.name)
@@ -974,6 +987,9 @@ class QueueTable(Delivery):
         partition.bytes += size
         queue.messages += len(offsets)
         queue.bytes += size
+        if queue.usage is not None:
+            queue.usage.messages += len(offsets)
+            queue.usage.bytes += size
         self.shared.bytes += size
         self._schedule_sweep(queue, partition, created_at(packed))
         self.dirty[queue.name] = None

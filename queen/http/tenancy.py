@@ -1,0 +1,203 @@
+"""What each tenant may still do: its write rate, its quotas and whether an admin paused it.
+
+Checked at the edge, when a call arrives and before any of it reaches a shard, so a refused call
+changes nothing. Rates are token buckets on the event loop's clock (so tests drive them with
+trio's MockClock). Quotas compare against what the tenant holds now (queen/core/tenants.py's
+Usage, kept exact by the shards): calls in flight at the same moment may together pass a quota by
+their own size, never more. A pause is a KV row in the tenant's own reserved namespace, written
+through the log like any other, so it holds across restarts and snapshots; the edge keeps a copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import trio
+
+from queen.auth import QUOTAS
+from queen.core import tenants
+from queen.core.kv import KvOp
+from queen.errors import QueenError, Unavailable
+
+logger = logging.getLogger("queen.audit")
+
+KV, QUEUES = "kv", "queues"  # what a pause stops; locks are KV rows, timers belong to queues
+AREAS = (KV, QUEUES)
+PAUSE_KEY = "paused"
+PAUSED_RETRY_AFTER_S = 5
+QUOTA_RETRY_AFTER_S = 30  # a quota frees only when something is deleted or consumed
+
+class TooManyRequests(QueenError):
+    """429: over a rate or a quota; `code` says which, Retry-After when to try again."""
+
+    http_status = 429
+
+    def __init__(self, code: str, message: str, retry_after_s: int, details: dict):
+        super().__init__(code, message, {**details, "retryAfterSeconds": retry_after_s})
+        self.headers = [(b"retry-after", b"%d" % retry_after_s)]
+
+
+class Paused(Unavailable):
+    def __init__(self, tenant: str, area: str):
+        super().__init__("paused", f"an admin paused the {area} writes of tenant {tenant!r}; reads go on",
+                         {"tenant": tenant, "area": area})
+        self.headers = [(b"retry-after", b"%d" % PAUSED_RETRY_AFTER_S)]
+
+
+class Bucket:
+    """A token bucket: `rate` per second, holding at most a tenth of a second's worth (at least
+    one), so what passes over any few seconds stays within a few percent of the rate."""
+
+    __slots__ = ("rate", "capacity", "tokens", "stamp")
+
+    def __init__(self, rate: int, now: float):
+        self.rate = rate
+        self.capacity = max(1.0, rate / 10)
+        self.tokens = self.capacity
+        self.stamp = now
+
+    def wait_s(self, count: int, now: float) -> float:
+        """0 when count tokens were taken; else how long until they could be (none taken)."""
+        tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        # A call bigger than the bucket passes once the bucket is full, and leaves it in debt.
+        need = min(count, self.capacity)
+        if tokens >= need:
+            self.tokens = tokens - count
+            return 0.0
+        self.tokens = tokens
+        return (need - tokens) / self.rate
+
+
+@dataclass(slots=True)
+class Rules:
+    quotas: dict  # setting name -> limit
+    writes: Bucket | None
+    operations: Bucket | None
+
+
+class Tenancy:
+    """Every tenant's rules and pauses, and the checks a write passes before it is sent on."""
+
+    def __init__(self, router, clock=trio.current_time):
+        self.router = router
+        self.clock = clock
+        self.rules: dict[str, Rules] = {}
+        self.paused: dict[str, frozenset] = {}
+        self.active = False  # any rule or pause at all: when not, a write pays one attribute read
+        self.refused = {}  # (tenant, code) -> count, for /metrics
+
+    def configure(self, settings: dict[str, dict]) -> None:
+        """The auth file's tenant settings, at start or on SIGHUP: buckets of unchanged rates keep
+        their state, so a reload does not hand out a fresh burst."""
+        now = self.clock()
+        rules = {}
+        for tenant, values in settings.items():
+            old = self.rules.get(tenant)
+            rules[tenant] = Rules(
+                {name: values[name] for name in QUOTAS if name in values},
+                _bucket(values.get("writesPerSecond"), old.writes if old else None, now),
+                _bucket(values.get("operationsPerSecond"), old.operations if old else None, now))
+        self.rules = rules
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.active = bool(self.rules) or any(self.paused.values())
+
+    # -- the check --------------------------------------------------------------------------------
+
+    def admit(self, principal, area: str, operations: int, *, grows: int = 0, pushes: int = 0, timers: int = 0) -> None:
+        """Raise if the principal's tenant may not write now: paused (503), over its write rate or
+        over a quota (429). grows: operations that may add a KV key; pushes and timers: messages
+        and timers the call may add."""
+        if not self.active:
+            return
+        tenant = tenants.DEFAULT if principal.tenant == tenants.EVERY else principal.tenant
+        if area in self.paused.get(tenant, ()):
+            raise Paused(tenant, area)
+        rules = self.rules.get(tenant)
+        if rules is None:
+            return
+        quotas = rules.quotas
+        if quotas:
+            usage = self.router.usage.of_tenant.get(tenant)
+            if usage is not None:
+                if area == KV:
+                    self._quota(tenant, quotas, "keysMax", usage.keys + grows, grows, "quota_keys", "KV keys")
+                    self._quota(tenant, quotas, "bytesMax", usage.bytes, grows, "quota_bytes", "bytes")
+                else:
+                    self._quota(tenant, quotas, "messagesMax", usage.messages + pushes, pushes, "quota_messages",
+                                "messages")
+                    self._quota(tenant, quotas, "timersMax", usage.timers + timers, timers, "quota_timers", "timers")
+                    self._quota(tenant, quotas, "bytesMax", usage.bytes, pushes + timers, "quota_bytes", "bytes")
+        now = self.clock()
+        wait = 0.0
+        if rules.writes is not None:
+            wait = rules.writes.wait_s(1, now)
+        if not wait and rules.operations is not None:
+            wait = rules.operations.wait_s(operations, now)
+            if wait and rules.writes is not None:
+                rules.writes.tokens += 1  # the call did not pass: give its write back
+        if wait:
+            self._count(tenant, "rate_limited")
+            raise TooManyRequests("rate_limited", f"tenant {tenant!r} is over its write rate; try again in "
+                                  f"{wait:.3f}s", max(1, math.ceil(wait)), {"tenant": tenant})
+
+    def _quota(self, tenant: str, quotas: dict, name: str, would_hold: int, adds: int, code: str, what: str) -> None:
+        limit = quotas.get(name)
+        if limit is None or not adds:
+            return
+        # Bytes are known only once written: at or past the quota, nothing more that adds is taken.
+        over = would_hold >= limit if name == "bytesMax" else would_hold > limit
+        if over:
+            self._count(tenant, code)
+            raise TooManyRequests(code, f"tenant {tenant!r} is at its quota of {limit} {what} ({name}); delete or "
+                                  "consume something first", QUOTA_RETRY_AFTER_S,
+                                  {"tenant": tenant, "quota": name, "limit": limit})
+
+    def _count(self, tenant: str, code: str) -> None:
+        self.refused[tenant, code] = self.refused.get((tenant, code), 0) + 1
+
+    # -- pauses -------------------------------------------------------------------------------------
+
+    async def load_pauses(self, names) -> None:
+        """Read the pause rows of the tenants named (at start, and for tenants new on a reload)."""
+        for tenant in names:
+            if tenant == tenants.EVERY:
+                continue
+            op = KvOp("get", tenants.prefix_of(tenant) + tenants.SETTINGS_NS, PAUSE_KEY)
+            [row] = await self.router.run_kv([op], False)
+            value = row["value"] if row["found"] else None
+            self.paused[tenant] = frozenset(area for area in AREAS if isinstance(value, dict) and value.get(area))
+        self._refresh()
+
+    async def set_paused(self, tenant: str, areas: dict[str, bool]) -> frozenset:
+        """Pause or resume areas of a tenant, durably; the areas paused afterwards."""
+        paused = set(self.paused.get(tenant, ()))
+        for area, on in areas.items():
+            (paused.add if on else paused.discard)(area)
+        op = KvOp("put", tenants.prefix_of(tenant) + tenants.SETTINGS_NS, PAUSE_KEY)
+        op.value = {area: area in paused for area in AREAS}
+        [result] = await self.router.run_kv([op], True)
+        if not result.get("applied"):
+            raise Unavailable("not_durable", "the pause could not be written; try again")
+        self.paused[tenant] = frozenset(paused)
+        self._refresh()
+        return self.paused[tenant]
+
+
+def _bucket(rate: int | None, old: Bucket | None, now: float) -> Bucket | None:
+    if rate is None:
+        return None
+    if old is not None and old.rate == rate:
+        return old
+    return Bucket(rate, now)
+
+
+def audit(principal, action: str, **fields) -> None:
+    """One info line per admin action, naming the token (never its secret)."""
+    detail = " ".join(f"{name}={value!r}" for name, value in fields.items() if value is not None)
+    logger.info("event=audit action=%s token=%r role=%s tenant=%s %s", action, principal.name, principal.role,
+                principal.tenant, detail)
