@@ -41,7 +41,7 @@ from bench.servers import (
     redis_call,
     redis_server,
 )
-from bench.sessions import redis_setup_commands
+from bench.sessions import authorized, redis_setup_commands
 from bench.systems import DURABLE_SYSTEMS
 from bench.workloads import (
     FAMILY,
@@ -208,7 +208,9 @@ def _sleep_until_ns(deadline_ns: int) -> None:
 def preload(system: str, server: ServerProcess, keys_total: int) -> None:
     """Every key of the key space written once, so reads find what they ask for."""
     if FAMILY[system] == "queen":
-        for request in preload_requests(HOST, server.port, keys_total):
+        with authorized(server.token):
+            requests = preload_requests(HOST, server.port, keys_total)
+        for request in requests:
             status, body = server.post(request)
             if status != 200 or b'"applied":false' in body:
                 raise RuntimeError(f"preload failed: HTTP {status} {body[:300]!r}")
@@ -300,6 +302,14 @@ def drop_queue(system: str, server: ServerProcess, workload: Workload, tag: str)
 
 def run_one(args, system: str, server: ServerProcess, workload: Workload, ops: int, connections: int, profiled: bool,
             out_dir: str, disk: dict, loader_args: tuple = ()) -> dict:
+    # A Queen with an auth file: every request built for it (here and in the generator processes,
+    # forked inside) carries its token.
+    with authorized(server.token):
+        return _run_one(args, system, server, workload, ops, connections, profiled, out_dir, disk, loader_args)
+
+
+def _run_one(args, system: str, server: ServerProcess, workload: Workload, ops: int, connections: int, profiled: bool,
+             out_dir: str, disk: dict, loader_args: tuple) -> dict:
     tag = run_tag()
     if workload.queue:
         loader_args = loader_args + prepare_queue(args, system, server, workload, ops, tag)

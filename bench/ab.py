@@ -17,6 +17,11 @@ run_one), so the figures are comparable with its reports.
 checkout can be measured with TLS off and on:
 
     python -m bench.ab --variant plain=. --variant tls=. --tls tls
+
+`--auth NAME` runs that variant with an auth file, its clients sending an admin token of a named
+tenant (so every name also goes through the tenant's prefix): the price of checking tokens.
+
+    python -m bench.ab --variant open=. --variant auth=. --auth auth
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ def parse_args(argv):
     parser.add_argument("--server-cpus", default="0")
     parser.add_argument("--generator-cpus", default="1")
     parser.add_argument("--data-parent", default=None)
+    parser.add_argument("--auth", action="append", default=[], metavar="NAME",
+                        help="run this variant with an auth file, its clients sending an admin token of a named "
+                             "tenant (repeat for more)")
     parser.add_argument("--tls", action="append", default=[], metavar="NAME",
                         help="serve this variant over HTTPS, its clients trusting a throwaway CA (repeat for more)")
     return parser.parse_args(argv)
@@ -60,9 +68,9 @@ def main(argv=None) -> int:
         if not name or not os.path.isdir(os.path.join(path, "queen")):
             raise SystemExit(f"bench.ab: --variant {text!r} is not NAME=PATH of a checkout with queen/ in it")
         variants.append((name, os.path.abspath(path)))
-    unknown = set(args.tls) - {name for name, _ in variants}
+    unknown = (set(args.tls) | set(args.auth)) - {name for name, _ in variants}
     if unknown:
-        raise SystemExit(f"bench.ab: --tls {', '.join(sorted(unknown))}: no such variant")
+        raise SystemExit(f"bench.ab: --tls/--auth {', '.join(sorted(unknown))}: no such variant")
     bench_args = build_parser().parse_args(["--duration", str(args.duration), "--warmup", str(args.warmup),
                                             "--server-cpus", args.server_cpus, "--generator-cpus", args.generator_cpus])
     out_dir = tempfile.mkdtemp(prefix="queen-ab-")
@@ -75,7 +83,8 @@ def main(argv=None) -> int:
             data_dir = tempfile.mkdtemp(prefix=f"ab-{name}-", dir=data_parent)
             data_dirs.append(data_dir)
             server = queen_server(data_dir, os.path.join(out_dir, f"{name}.log"), bench_args.server_cpus, path,
-                                  tls_dir=os.path.join(out_dir, f"{name}-tls") if name in args.tls else None)
+                                  tls_dir=os.path.join(out_dir, f"{name}-tls") if name in args.tls else None,
+                                  auth_dir=os.path.join(out_dir, f"{name}-auth") if name in args.auth else None)
             server.start()
             servers[name] = server
         shapes = [(WORKLOADS[w], ops, c) for w in args.workloads.split(",") for c in args.connections

@@ -26,6 +26,7 @@ import itertools
 
 import orjson
 
+from bench import sessions
 from bench.sessions import (
     Context,
     RedisSession,
@@ -72,12 +73,12 @@ def stream_key(tag: str, p: int) -> str:
 
 
 def http_get(host: str, port: int, path: str) -> bytes:
-    return b"GET %s HTTP/1.1\r\nhost: %s:%d\r\n\r\n" % (path.encode(), host.encode(), port)
+    return b"GET %s HTTP/1.1\r\nhost: %s:%d\r\n%s\r\n" % (path.encode(), host.encode(), port, sessions.AUTH_HEADER)
 
 
 def http_request(method: str, host: str, port: int, path: str, body: bytes = b"") -> bytes:
-    return (b"%s %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-            % (method.encode(), path.encode(), host.encode(), port, len(body))) + body
+    return (b"%s %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
+            % (method.encode(), path.encode(), host.encode(), port, len(body), sessions.AUTH_HEADER)) + body
 
 
 def owned_partitions(ctx: Context) -> list[int]:

@@ -40,8 +40,10 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, name: str, argv: list[str], port: int, log_path: str, cpus: list[int] | None,
-                 cwd: str | None = None, health=None, user: str | None = None, ca_file: str | None = None):
+                 cwd: str | None = None, health=None, user: str | None = None, ca_file: str | None = None,
+                 token: str | None = None):
         self.ca_file = ca_file  # it speaks HTTPS with a certificate this CA signed
+        self.token = token  # it has an auth file: a token's secret, sent with every request
         self.health = health or (lambda port: _http_health(port, ca_file))
         self.user = user  # run as this user (PostgreSQL refuses to run as root)
         self.name = name
@@ -96,7 +98,7 @@ class ServerProcess:
 
     def metrics(self) -> dict[str, float]:
         """Prometheus text of /metrics as {name: value} (a labelled series keeps its labels in the name)."""
-        status, body = http_get_to_close(self.port, "/metrics", ca_file=self.ca_file)
+        status, body = http_get_to_close(self.port, "/metrics", ca_file=self.ca_file, token=self.token)
         if status != 200:
             return {}
         return parse_metrics(body.decode())
@@ -115,13 +117,28 @@ class ServerProcess:
 
 
 def queen_server(data_dir: str, log_path: str, cpus: list[int] | None, repo_root: str,
-                 tls_dir: str | None = None) -> ServerProcess:
+                 tls_dir: str | None = None, auth_dir: str | None = None) -> ServerProcess:
     """tls_dir: serve HTTPS, with a certificate for 127.0.0.1 made there (and its CA, which the
-    bench's clients trust)."""
+    bench's clients trust). auth_dir: run with an auth file made there, whose admin token (of a
+    named tenant, so every name is stored under its prefix) the bench's clients send."""
     port = free_port()
     argv = [sys.executable, "-m", "queen", "serve", "--host", HOST, "--port", str(port), "--data-dir", data_dir]
     tls_args, ca_file = _tls_files(tls_dir)
-    return ServerProcess("queen", argv + tls_args, port, log_path, cpus, cwd=repo_root, ca_file=ca_file)
+    auth_args, token = _auth_file(auth_dir, repo_root)
+    return ServerProcess("queen", argv + tls_args + auth_args, port, log_path, cpus, cwd=repo_root, ca_file=ca_file,
+                         token=token)
+
+
+def _auth_file(auth_dir: str | None, repo_root: str) -> tuple[list[str], str | None]:
+    """([--auth-file FILE], an admin's secret) for an auth file made in auth_dir by the measured
+    checkout's own `queen auth add`; ([], None) without one."""
+    if auth_dir is None:
+        return [], None
+    os.makedirs(auth_dir, exist_ok=True)
+    path = os.path.join(auth_dir, "auth.json")
+    done = subprocess.run([sys.executable, "-m", "queen", "auth", "add", "bench", "--role", "admin", "--tenant",
+                           "bench", "--auth-file", path], cwd=repo_root, capture_output=True, text=True, check=True)
+    return ["--auth-file", path], done.stdout.strip()
 
 
 def baseline_server(log_path: str, cpus: list[int] | None, repo_root: str, tls_dir: str | None = None) -> ServerProcess:
@@ -283,11 +300,14 @@ def _http_health_at(port: int, path: str) -> bool:
     return status == 200
 
 
-def http_get_to_close(port: int, path: str, timeout_s: float = 5.0, ca_file: str | None = None) -> tuple[int, bytes]:
+def http_get_to_close(port: int, path: str, timeout_s: float = 5.0, ca_file: str | None = None,
+                      token: str | None = None) -> tuple[int, bytes]:
     """GET with `connection: close`, read to the end; a chunked body (etcd's /metrics) is decoded."""
+    authorization = b"authorization: Bearer %s\r\n" % token.encode() if token else b""
     with open_socket(HOST, port, ca_file) as sock:
         sock.settimeout(timeout_s)
-        sock.sendall(b"GET %s HTTP/1.1\r\nhost: %s:%d\r\nconnection: close\r\n\r\n" % (path.encode(), HOST.encode(), port))
+        sock.sendall(b"GET %s HTTP/1.1\r\nhost: %s:%d\r\nconnection: close\r\n%s\r\n"
+                     % (path.encode(), HOST.encode(), port, authorization))
         chunks = []
         while True:
             chunk = sock.recv(1 << 18)

@@ -139,9 +139,30 @@ def resp_command(*parts) -> bytes:
     return b"".join(out)
 
 
+# `authorization: Bearer <token>` and CRLF when the Queen under test has an auth file, else empty:
+# part of every Queen request built while it is set (a generator process sets it from its plan, the
+# bench around its own calls to such a server: authorized()).
+AUTH_HEADER = b""
+
+
+class authorized:
+    """`with authorized(token):` requests built inside carry the token (None: none)."""
+
+    def __init__(self, token: str | None):
+        self.header = b"authorization: Bearer %s\r\n" % token.encode() if token else b""
+
+    def __enter__(self):
+        global AUTH_HEADER
+        self.saved, AUTH_HEADER = AUTH_HEADER, self.header
+
+    def __exit__(self, *exc):
+        global AUTH_HEADER
+        AUTH_HEADER = self.saved
+
+
 def http_post(host: str, port: int, path: str, body: bytes) -> bytes:
-    return (b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-            % (path.encode(), host.encode(), port, len(body))) + body
+    return (b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
+            % (path.encode(), host.encode(), port, len(body), AUTH_HEADER)) + body
 
 
 # -- base ----------------------------------------------------------------------------------------

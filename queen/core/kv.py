@@ -402,8 +402,15 @@ class KvState:
         old = rows.get(key)
         if old is None:
             table.note_insert(key)
-        if table.usage is not None:
-            _count(table.usage, key, old, row)
+        usage = table.usage
+        if usage is not None:  # a named tenant's row: its keys and bytes held follow
+            value = row.value
+            usage.bytes += len(key) + (len(value) + 2 if type(value) is str and value.isalnum() and value.isascii()
+                                       else _json_size(value))
+            if old is None:
+                usage.keys += 1
+            else:
+                usage.bytes -= len(key) + _json_size(old.value)
         rows[key] = row
         if row.expires_at_ms:
             self._unscheduled.append((ns, key))
@@ -412,8 +419,12 @@ class KvState:
 
     def _drop(self, table: Table, ns: str, key: str) -> None:
         row = table.rows.pop(key)
-        if table.usage is not None:
-            _count(table.usage, key, row, None)
+        usage = table.usage
+        if usage is not None:
+            usage.keys -= 1
+            value = row.value
+            usage.bytes -= len(key) + (len(value) + 2 if type(value) is str and value.isalnum() and value.isascii()
+                                       else _json_size(value))
         table.note_remove(key)
         self.wheel.remove((ns, key))
         if not table.rows:
@@ -596,7 +607,7 @@ class KvState:
             row = table.rows[key] = Row(record.value, record.version, record.create_version, record.created_at_ms,
                                         record.updated_at_ms, record.expires_at_ms)
             if table.usage is not None:
-                _count(table.usage, key, old, row)
+                _count(table.usage, key, old, row)  # replay: as _store counts
             if record.expires_at_ms:
                 self.wheel.schedule((ns, key), record.expires_at_ms)
         elif type(record) is rec.Delete:
@@ -619,11 +630,19 @@ def _count(usage: Usage, key: str, old: Row | None, new: Row | None) -> None:
     if old is None:
         usage.keys += 1
     else:
-        usage.bytes -= len(key) + len(orjson.dumps(old.value, default=json_default))
+        usage.bytes -= len(key) + _json_size(old.value)
     if new is None:
         usage.keys -= 1
     else:
-        usage.bytes += len(key) + len(orjson.dumps(new.value, default=json_default))
+        usage.bytes += len(key) + _json_size(new.value)
+
+
+def _json_size(value) -> int:
+    """Bytes of value as JSON. _store and _drop inline the case of a plain ASCII string (a lock's
+    owner), which needs no encoding; the answer is the same."""
+    if type(value) is str and value.isalnum() and value.isascii():
+        return len(value) + 2
+    return len(orjson.dumps(value, default=json_default))
 
 
 def snapshot_records(copies: list, kv: list, locks: list) -> None:

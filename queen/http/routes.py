@@ -226,8 +226,9 @@ class Api:
         results = await self.router.run_locks(ops, wait_gone=request.wait_gone, answer_now=request.answer_now)
         if principal.level >= ADMIN and principal is not OPEN:
             for op, result in zip(ops, results, strict=True):
-                if op.op == "release" and result.get("released"):
-                    audit(principal, "lock_release", lock=op.name, owner=op.owner)  # an admin's: often by hand
+                if op.op == "release" and op.owner is None and result.get("released"):
+                    # By token alone, not as its owner: a stuck permit an admin freed by hand.
+                    audit(principal, "lock_force_release", lock=op.name, slot=op.slot, lock_token=op.token)
         return {"results": results}
 
     async def _list_locks(self, request: Request, parts, query: str):
@@ -244,12 +245,14 @@ class Api:
         principal = request.principal
         if txn.writes():
             require(principal, WRITE)
+            operations = len(txn.kv) + len(txn.ack) + len(txn.push) + len(txn.timers)
             if txn.kv:
-                self.tenancy.admit(principal, KV, len(txn.kv), grows=sum(op.op in _KV_GROWS for op in txn.kv))
+                self.tenancy.admit(principal, KV, operations, grows=sum(op.op in _KV_GROWS for op in txn.kv))
             if txn.ack or txn.push or txn.timers:
                 # One call, so its write is counted once: here only when it had no KV part.
-                self.tenancy.admit(principal, QUEUES, len(txn.ack) + len(txn.push) + len(txn.timers),
-                                   pushes=len(txn.push), timers=sum(op.op == "schedule" for op in txn.timers))
+                self.tenancy.admit(principal, QUEUES, operations,
+                                   pushes=len(txn.push), timers=sum(op.op == "schedule" for op in txn.timers),
+                                   rate=not txn.kv)
         if principal.prefix:  # every name its own: a transaction cannot reach another tenant's
             prefix = principal.prefix
             _own_kv(txn.kv, prefix)
@@ -312,7 +315,7 @@ class Api:
         principal = request.principal
         self.tenancy.admit(principal, QUEUES, 1)
         if principal.prefix:
-            op.queue = queue = principal.prefix + op.queue
+            op.queue = principal.prefix + op.queue
         return await self.router.run_queue(op.queue, op, wait_gone=request.wait_gone, answer_now=request.answer_now)
 
     async def _ack(self, request: Request, parts, query):

@@ -108,10 +108,12 @@ class Tenancy:
 
     # -- the check --------------------------------------------------------------------------------
 
-    def admit(self, principal, area: str, operations: int, *, grows: int = 0, pushes: int = 0, timers: int = 0) -> None:
+    def admit(self, principal, area: str, operations: int, *, grows: int = 0, pushes: int = 0, timers: int = 0,
+              rate: bool = True) -> None:
         """Raise if the principal's tenant may not write now: paused (503), over its write rate or
         over a quota (429). grows: operations that may add a KV key; pushes and timers: messages
-        and timers the call may add."""
+        and timers the call may add; rate: False when this call's rate was taken already (a
+        transaction's second area)."""
         if not self.active:
             return
         tenant = tenants.DEFAULT if principal.tenant == tenants.EVERY else principal.tenant
@@ -132,6 +134,8 @@ class Tenancy:
                                 "messages")
                     self._quota(tenant, quotas, "timersMax", usage.timers + timers, timers, "quota_timers", "timers")
                     self._quota(tenant, quotas, "bytesMax", usage.bytes, pushes + timers, "quota_bytes", "bytes")
+        if not rate:
+            return
         now = self.clock()
         wait = 0.0
         if rules.writes is not None:

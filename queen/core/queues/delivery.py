@@ -147,7 +147,7 @@ class Delivery:
                     retries.pop(offset, None)
                 self._settle(queue, partition, now_ms)
         first = taken[0][0]
-        return {"success": True, "queue": shown(queue.name), "partition": first.name, "partitionId": first.id,
+        return {"success": True, "queue": queue.shown, "partition": first.name, "partitionId": first.id,
                 "leaseId": answer_lease, "consumerGroup": group.name, "expiresAt": expires_at_ms or None,
                 "partitionsClaimed": len(taken), "messages": messages}, ""
 

@@ -26,7 +26,7 @@ from pyroaring import BitMap64
 
 from queen.core.limits import Limits
 from queen.core.queue_ops import PopOp
-from queen.core.tenants import Usage, UsageBook
+from queen.core.tenants import Usage, UsageBook, shown
 
 
 class GroupState:
@@ -101,10 +101,11 @@ class Group:
 
 class Queue:
     __slots__ = ("name", "created_at_ms", "options", "partitions", "by_id", "groups", "messages", "bytes",
-                 "dedupe_due", "version", "usage")
+                 "dedupe_due", "version", "usage", "shown")
 
     def __init__(self, name, created_at_ms, options, version, usage: Usage | None = None):
         self.name = name
+        self.shown = shown(name)  # as its tenant wrote it, for answers
         self.usage = usage  # its tenant's, counted with messages and bytes; None for the default tenant
         self.created_at_ms = created_at_ms
         self.options = options

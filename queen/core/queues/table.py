@@ -187,7 +187,7 @@ class QueueTable(Delivery):
         if group is None:
             if len(queue.groups) >= self.limits.groups_per_queue_max:
                 return Refusal(BadRequest("too_many_groups", f"queue {shown(queue.name)!r} has {len(queue.groups)} consumer "
-                                          "groups, the most it may have; delete one first", {"queue": shown(queue.name)}))
+                                          "groups, the most it may have; delete one first", {"queue": queue.shown}))
             version = self.versions.next()
             rec.group_join(records, version, queue.name, name, mode, now_ms)
             group = self._apply_group_join(queue, version, name, mode, now_ms)
@@ -255,7 +255,7 @@ class QueueTable(Delivery):
             if known is not None:
                 known_offset, message_id, created_at_ms = known
                 self.stats.duplicates += 1
-                return {"index": item.index, "queue": shown(queue.name), "partition": partition.name,
+                return {"index": item.index, "queue": queue.shown, "partition": partition.name,
                         "partitionId": partition.id, "transactionId": tid, "status": "duplicate",
                         "messageId": message_id, "offset": known_offset, "createdAt": created_at_ms}
         if not exempt:
@@ -277,7 +277,7 @@ class QueueTable(Delivery):
         self._apply_append(queue, partition, version, offset, tid, item.payload, item.trace_id, now_ms,
                            available_at_ms, until_ms)
         self.stats.pushed += 1
-        return {"index": item.index, "queue": shown(queue.name), "partition": partition.name, "partitionId": partition.id,
+        return {"index": item.index, "queue": queue.shown, "partition": partition.name, "partitionId": partition.id,
                 "transactionId": tid if tid is not None else f"{GENERATED_ID_PREFIX}{offset}", "status": "queued",
                 "messageId": version, "offset": offset, "createdAt": now_ms}
 
@@ -738,7 +738,7 @@ class QueueTable(Delivery):
         for partition_id in lease.held:
             partition = queue.by_id.get(partition_id)
             if partition is not None:
-                out.append({"queue": shown(queue.name), "partition": partition.name, "partitionId": partition_id})
+                out.append({"queue": queue.shown, "partition": partition.name, "partitionId": partition_id})
         return out
 
     def owns_lease(self, lease_id: int) -> bool:
