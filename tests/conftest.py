@@ -1,10 +1,57 @@
-"""Fixtures shared by the runtime tests."""
+"""Fixtures shared by the tests, and one check over the whole run: no API token's secret in any
+log line (of in-process servers and clients, as they are logged) or log file (of the server
+processes the tests start, under pytest's temporary directory)."""
 
+import logging
+import re
 from functools import partial
+from pathlib import Path
 
 import pytest
 
 from queen.testing import open_server
+
+# Every secret `queen auth add` makes has this shape, so a leak is found without knowing it.
+SECRET = re.compile(r"queen_[a-z2-7]{12}_[A-Za-z0-9_-]{43}")
+_SCANNED_SUFFIXES = {".log", ".txt", ".md", ".out", ".err"}
+
+
+class _SecretWatch(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.found: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a record that cannot be formatted carries no secret
+            return
+        if SECRET.search(text):
+            self.found.append(f"log record of {record.name}: {text[:200]}")
+
+
+_watch = _SecretWatch()
+
+
+def pytest_configure(config):
+    logging.getLogger().addHandler(_watch)
+    queen_logger = logging.getLogger("queen")
+    if queen_logger.level == logging.NOTSET or queen_logger.level > logging.INFO:
+        queen_logger.setLevel(logging.INFO)  # audit lines, which name tokens, are info
+
+
+def pytest_sessionfinish(session, exitstatus):
+    found = list(_watch.found)
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    base = factory.getbasetemp() if factory is not None else None
+    if base is not None and Path(base).exists():
+        for path in Path(base).rglob("*"):
+            if path.suffix in _SCANNED_SUFFIXES and path.is_file() and path.stat().st_size < 64 << 20:
+                if SECRET.search(path.read_text(errors="replace")):
+                    found.append(f"file {path}")
+    if found:
+        print(f"\nSECRET LEAKED: an API token's secret appears in {len(found)} place(s), first: {found[0]}")
+        session.exitstatus = 1
 
 
 @pytest.fixture

@@ -328,3 +328,30 @@ async def test_reload_tls_serves_new_connections_the_new_certificate_and_keeps_t
         after = HttpClient(server.port, ssl_context=pki.client_context())
         assert (await after.request("GET", "/healthz"))[0] == 200
         assert common_name(after._stream.getpeercert()) == "queen-test-2"
+
+
+def test_the_cli_speaks_https_with_a_ca_file_and_a_token(pki, tmp_path):
+    """`queen kv` over https: --ca-file (or QUEEN_CA_FILE) trusts the private CA; without it the
+    certificate is refused with one line, exit 69. With an auth file too: the token goes inside TLS."""
+    from queen.auth import AuthFile
+
+    path = str(tmp_path / "auth.json")
+    auth_file = AuthFile.load(path, missing_ok=True)
+    secret = auth_file.add("cli", "writer", "tls")
+    auth_file.save()
+    with ServerProcess(str(tmp_path / "data"), "--tls-cert", pki.cert, "--tls-key", pki.key, "--auth-file", path,
+                       ca_file=pki.ca) as server:
+        env = {**os.environ, "QUEEN_URL": server.url, "QUEEN_TOKEN": secret}
+        env.pop("QUEEN_CA_FILE", None)
+
+        def queen_cli(*args, extra=None):
+            return subprocess.run([sys.executable, "-m", "queen", *args], env={**env, **(extra or {})},
+                                  capture_output=True, text=True, timeout=60)
+
+        untrusted = queen_cli("kv", "get", "app", "k")
+        assert untrusted.returncode == 69 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
+        assert len(untrusted.stderr.strip().splitlines()) == 1
+        assert queen_cli("kv", "put", "app", "k", "42", "--forever", "--ca-file", pki.ca).returncode == 0
+        got = queen_cli("kv", "get", "app", "k", "--json", extra={"QUEEN_CA_FILE": pki.ca})
+        assert got.returncode == 0 and '"value": 42' in got.stdout
+        assert secret.split("_", 2)[2] not in untrusted.stderr + got.stdout + got.stderr + server.log_text()
