@@ -175,7 +175,11 @@ class AuthFile:
         """Write the file whole and atomically (a reader never sees half of it), mode 0600."""
         document = {"tokens": [token.wire() for token in self.tokens], "tenants": self.tenant_settings}
         directory = os.path.dirname(os.path.abspath(self.path))
-        fd, temporary = tempfile.mkstemp(prefix=".auth-", dir=directory)
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            fd, temporary = tempfile.mkstemp(prefix=".auth-", dir=directory)
+        except OSError as error:
+            raise AuthFileError(f"auth file {self.path}: cannot write it: {error.strerror or error}") from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(document, f, indent=2)

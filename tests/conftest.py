@@ -34,10 +34,11 @@ _watch = _SecretWatch()
 
 
 def pytest_configure(config):
+    # Records at the levels the loggers let through (warnings and errors, where a request's
+    # content could end up), and the audit lines, which name tokens, at info. Server processes'
+    # logs, info included, are files: scanned at the end.
     logging.getLogger().addHandler(_watch)
-    queen_logger = logging.getLogger("queen")
-    if queen_logger.level == logging.NOTSET or queen_logger.level > logging.INFO:
-        queen_logger.setLevel(logging.INFO)  # audit lines, which name tokens, are info
+    logging.getLogger("queen.audit").setLevel(logging.INFO)
 
 
 def pytest_sessionfinish(session, exitstatus):

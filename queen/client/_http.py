@@ -208,9 +208,12 @@ class Transport:
                 return orjson.loads(data) if data else None
             error: ApiError = from_response(status, data, headers.get("retry-after"))
             if isinstance(error, RateLimited) and error.code == "rate_limited":
-                # Refused before anything was applied, and over once the bucket refills: wait as told.
-                if self._may_retry(attempt, deadline, error.retry_after_s or 0.0):
-                    await self._pause(attempt, deadline, error.retry_after_s or 0.0)
+                # Refused before anything was applied, and over once the bucket refills: wait as
+                # told, to the millisecond when the server says (Retry-After is whole seconds).
+                precise_ms = error.details.get("retryAfterMs")
+                wait_s = precise_ms / 1000 if isinstance(precise_ms, int) else error.retry_after_s or 0.0
+                if self._may_retry(attempt, deadline, wait_s):
+                    await self._pause(attempt, deadline, wait_s, exact=True)
                     attempt += 1
                     continue
             elif isinstance(error, UnavailableError) and (safe or error.code in NOTHING_APPLIED_503):
@@ -226,9 +229,11 @@ class Transport:
             return anyio.current_time() + hint_s < deadline
         return attempt < self.retries_max
 
-    async def _pause(self, attempt: int, deadline: float | None, hint_s: float) -> None:
+    async def _pause(self, attempt: int, deadline: float | None, hint_s: float, exact: bool = False) -> None:
+        """exact: wait the hint (and up to a tenth more, so a crowd does not come back in step),
+        not the growing backoff: the server said when there will be room."""
         self.retries += 1
-        delay = max(hint_s, backoff_s(attempt))
+        delay = hint_s * random.uniform(1.0, 1.1) if exact else max(hint_s, backoff_s(attempt))
         if deadline is not None:
             delay = max(0.0, min(delay, deadline - anyio.current_time()))
         await anyio.sleep(delay)

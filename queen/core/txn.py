@@ -140,7 +140,7 @@ def _first_miss(txn: TransactionOps, kv_states, ack_tables, push_tables, timer_t
         miss = state.precheck(op, now_ms)
         if miss is not None:
             current = miss.get("current") or {"value": miss.get("value"), "version": miss.get("version", 0)}
-            return {"top": TxnReason.KV_PRECONDITION, "section": "kv", "index": index, "op": op.op, "ns": op.ns, "key": op.key,
+            return {"top": TxnReason.KV_PRECONDITION, "section": "kv", "index": index, "op": op.op, "ns": shown(op.ns), "key": op.key,
                     "reason": miss["reason"], "current": current}
     for index, (item, table) in enumerate(zip(txn.ack, ack_tables, strict=True)):
         miss = table.check_ack(item, now_ms, in_transaction=True)

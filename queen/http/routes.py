@@ -477,7 +477,7 @@ class Api:
                 limits["operationsPerSecond"] = rules.operations.rate
         paused = self.tenancy.paused.get(tenant, frozenset())
         return {"tenant": tenant, "usage": usage.wire() if usage is not None else None, "limits": limits,
-                "paused": {area: area in paused for area in AREAS}}
+                "paused": {area: area in paused for area in AREAS}, "pausedBy": dict(paused)}
 
     async def _tenant(self, request: Request, parts, query):
         """The caller: its token's name, role and tenant, and the tenant's usage, limits and pauses."""
@@ -490,11 +490,16 @@ class Api:
     async def _tenants(self, request: Request, parts, query):
         """The operator's view: every tenant the auth file or the data knows."""
         check_params(_query(query), frozenset())
+        return {"items": [self._tenant_view(tenant) for tenant in sorted(self._known_tenants())]}
+
+    def _known_tenants(self) -> set[str]:
+        """The default tenant, those the auth file names, and any that holds something."""
         auth_file = self.gate.auth_file
-        known = {tenants.DEFAULT, *self.tenancy.rules, *self.router.usage.of_tenant, *self.tenancy.paused}
+        known = {tenants.DEFAULT, *self.tenancy.rules, *self.router.usage.of_tenant}
+        known.update(tenant for tenant, areas in self.tenancy.paused.items() if areas)
         if auth_file is not None:
             known.update(token.tenant for token in auth_file.tokens if token.tenant != tenants.EVERY)
-        return {"items": [self._tenant_view(tenant) for tenant in sorted(known)]}
+        return known
 
     async def _pause(self, request: Request, parts, query):
         """POST /api/v1/pause or /resume {"kv": true, "queues": true[, "tenant": t]}: writes of those
@@ -512,6 +517,9 @@ class Api:
             problem = tenants.name_problem(tenant) if isinstance(tenant, str) else "tenant must be a string"
             if problem or tenant == tenants.EVERY:
                 raise BadRequest("invalid_tenant", problem or "name one tenant, not '*'")
+            if tenant not in self._known_tenants():
+                raise NotFound("tenant_not_found", f"no tenant {tenant!r}: no token or settings in the auth file name "
+                               "it and it holds nothing", {"tenant": tenant})
         areas = {}
         for area in AREAS:
             value = document.get(area, False)
@@ -522,7 +530,7 @@ class Api:
         if not areas:
             raise BadRequest("invalid_body", 'say what: {"kv": true} (locks included), {"queues": true}, or both')
         self.router.refuse_writes_if_unavailable()
-        paused = await self.tenancy.set_paused(tenant, areas)
+        paused = await self.tenancy.set_paused(tenant, areas, "operator" if principal.operator else "admin")
         audit(principal, "pause" if request.target.startswith(b"/api/v1/pause") else "resume", target_tenant=tenant,
               areas=",".join(sorted(areas)))
         return {"tenant": tenant, "paused": {area: area in paused for area in AREAS}}

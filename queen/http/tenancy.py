@@ -26,6 +26,7 @@ logger = logging.getLogger("queen.audit")
 KV, QUEUES = "kv", "queues"  # what a pause stops; locks are KV rows, timers belong to queues
 AREAS = (KV, QUEUES)
 PAUSE_KEY = "paused"
+OPERATOR, ADMIN = "operator", "admin"  # who paused an area
 PAUSED_RETRY_AFTER_S = 5
 QUOTA_RETRY_AFTER_S = 30  # a quota frees only when something is deleted or consumed
 
@@ -37,6 +38,13 @@ class TooManyRequests(QueenError):
     def __init__(self, code: str, message: str, retry_after_s: int, details: dict):
         super().__init__(code, message, {**details, "retryAfterSeconds": retry_after_s})
         self.headers = [(b"retry-after", b"%d" % retry_after_s)]
+
+
+class Forbidden(QueenError):
+    http_status = 403
+
+    def __init__(self, message: str):
+        super().__init__("forbidden", message)
 
 
 class Paused(Unavailable):
@@ -85,7 +93,8 @@ class Tenancy:
         self.router = router
         self.clock = clock
         self.rules: dict[str, Rules] = {}
-        self.paused: dict[str, frozenset] = {}
+        # tenant -> {area: who paused it, "operator" or "admin"}: only the operator lifts its own.
+        self.paused: dict[str, dict[str, str]] = {}
         self.active = False  # any rule or pause at all: when not, a write pays one attribute read
         self.refused = {}  # (tenant, code) -> count, for /metrics
 
@@ -146,8 +155,10 @@ class Tenancy:
                 rules.writes.tokens += 1  # the call did not pass: give its write back
         if wait:
             self._count(tenant, "rate_limited")
+            # Retry-After is whole seconds; the details say it to the millisecond, which the SDK uses.
             raise TooManyRequests("rate_limited", f"tenant {tenant!r} is over its write rate; try again in "
-                                  f"{wait:.3f}s", max(1, math.ceil(wait)), {"tenant": tenant})
+                                  f"{wait:.3f}s", max(1, math.ceil(wait)),
+                                  {"tenant": tenant, "retryAfterMs": math.ceil(wait * 1000)})
 
     def _quota(self, tenant: str, quotas: dict, name: str, would_hold: int, adds: int, code: str, what: str) -> None:
         limit = quotas.get(name)
@@ -174,22 +185,31 @@ class Tenancy:
             op = KvOp("get", tenants.prefix_of(tenant) + tenants.SETTINGS_NS, PAUSE_KEY)
             [row] = await self.router.run_kv([op], False)
             value = row["value"] if row["found"] else None
-            self.paused[tenant] = frozenset(area for area in AREAS if isinstance(value, dict) and value.get(area))
+            value = value if isinstance(value, dict) else {}
+            self.paused[tenant] = {area: value[area] for area in AREAS if value.get(area) in (OPERATOR, ADMIN)}
         self._refresh()
 
-    async def set_paused(self, tenant: str, areas: dict[str, bool]) -> frozenset:
-        """Pause or resume areas of a tenant, durably; the areas paused afterwards."""
-        paused = set(self.paused.get(tenant, ()))
+    async def set_paused(self, tenant: str, areas: dict[str, bool], by: str) -> dict[str, str]:
+        """Pause or resume areas of a tenant, durably, as `by` ("operator" or "admin"); the areas
+        paused afterwards. A tenant's admin cannot lift a pause the operator set."""
+        paused = dict(self.paused.get(tenant, {}))
         for area, on in areas.items():
-            (paused.add if on else paused.discard)(area)
+            if not on and paused.get(area) == OPERATOR and by != OPERATOR:
+                raise Forbidden(f"the server's operator paused the {area} writes of tenant {tenant!r}; only the "
+                                "operator resumes them")
+        for area, on in areas.items():
+            if on:
+                paused[area] = OPERATOR if OPERATOR in (by, paused.get(area)) else ADMIN
+            else:
+                paused.pop(area, None)
         op = KvOp("put", tenants.prefix_of(tenant) + tenants.SETTINGS_NS, PAUSE_KEY)
-        op.value = {area: area in paused for area in AREAS}
+        op.value = {area: paused.get(area, False) for area in AREAS}
         [result] = await self.router.run_kv([op], True)
         if not result.get("applied"):
             raise Unavailable("not_durable", "the pause could not be written; try again")
-        self.paused[tenant] = frozenset(paused)
+        self.paused[tenant] = paused
         self._refresh()
-        return self.paused[tenant]
+        return paused
 
 
 def _bucket(rate: int | None, old: Bucket | None, now: float) -> Bucket | None:

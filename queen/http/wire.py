@@ -132,6 +132,7 @@ def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] |
         return None
     method, target, minor, fields = match.groups()
     content_type = accept = authorization = b""
+    authorizations = 0
     length = 0
     hosts = lengths = 0
     plain = True
@@ -154,6 +155,9 @@ def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] |
         elif name == b"accept":
             accept = value.strip(b" \t").lower()
         elif name == b"authorization":
+            if authorizations:
+                plain = False  # two: the h11 path refuses them (Head)
+            authorizations += 1
             authorization = value.strip(b" \t")
         elif name == b"connection":
             if b"close" in value.lower():
@@ -231,6 +235,7 @@ class Head:
         # read is measured here.
         head_bytes = len(event.method) + len(event.target)
         framings = 0
+        authorized = False
         for name, value in event.headers:
             head_bytes += len(name) + len(value) + 4
             if name == b"content-type":
@@ -244,7 +249,11 @@ class Head:
             elif name == b"accept":
                 self.accept = value.lower()
             elif name == b"authorization":
+                if authorized:
+                    # Which one would a proxy in front of us have checked? Neither is taken.
+                    raise Reject(400, "bad_http", "the request has two Authorization headers; send one")
                 self.authorization = value
+                authorized = True
             elif name == b"connection":
                 keep_alive = b"close" not in value.lower() and keep_alive
         if head_bytes > config.header_bytes_max:

@@ -69,7 +69,14 @@ class Server:
 
     def _read_auth_file(self) -> AuthFile | None:
         path = self.config.auth_file
-        return AuthFile.load(path) if path else None
+        if not path:
+            return None
+        auth_file = AuthFile.load(path)
+        if os.stat(path).st_mode & 0o077:
+            logger.warning("event=auth_file_readable_by_others file=%s mode=%o hint='chmod 600 it: it holds no "
+                           "secrets, but who may do what is nobody else's business'", path,
+                           os.stat(path).st_mode & 0o777)
+        return auth_file
 
     async def _apply_auth(self, auth_file: AuthFile | None, api: Api) -> None:
         before = api.gate.auth_file

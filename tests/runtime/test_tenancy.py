@@ -220,3 +220,52 @@ async def test_the_sdk_waits_as_retry_after_says_and_gives_up_on_a_quota(tmp_pat
             with pytest.raises(queen.RateLimited) as refused:
                 await queue.push(4)
             assert refused.value.code == "quota_messages" and refused.value.retry_after_s >= 1
+
+
+async def test_an_operators_pause_is_lifted_only_by_the_operator(tmp_path, autojump_clock):
+    path, who = auth_file(tmp_path, {})
+    async with open_server(tmp_path / "data", auth_file=path) as server:
+        client = HttpClient(server.port)
+        status, _ = await client.request("POST", "/api/v1/pause", {"kv": True, "tenant": "acme"}, who["operator"])
+        assert status == 200
+        status, body = await client.request("POST", "/api/v1/resume", {"kv": True}, who["admin"])
+        assert status == 403 and "operator" in body["error"]["message"]
+        assert (await put(client, who["writer"], "k"))[0] == 503
+        status, view = await client.request("GET", "/api/v1/tenant", None, who["reader"])
+        assert view["pausedBy"] == {"kv": "operator"}
+        # The tenant's own pause of its queues it may lift; the operator's kv pause stays.
+        assert (await client.request("POST", "/api/v1/pause", {"queues": True}, who["admin"]))[0] == 200
+        assert (await client.request("POST", "/api/v1/resume", {"queues": True}, who["admin"]))[0] == 200
+        assert (await client.request("POST", "/api/v1/resume", {"kv": True, "tenant": "acme"}, who["operator"]))[0] == 200
+        assert (await put(client, who["writer"], "k"))[0] == 200
+        # A tenant nobody names and that holds nothing is a typo, not a tenant to pause.
+        status, body = await client.request("POST", "/api/v1/pause", {"kv": True, "tenant": "acne"}, who["operator"])
+        assert status == 404 and body["error"]["code"] == "tenant_not_found"
+
+
+async def test_two_authorization_headers_are_refused_and_a_failed_step_shows_names_as_written(tmp_path,
+                                                                                             autojump_clock):
+    path, who = auth_file(tmp_path, {})
+    async with open_server(tmp_path / "data", auth_file=path) as server:
+        client = HttpClient(server.port)
+        # Whichever of two a proxy checked, we would take the other: neither is taken.
+        head = (b"PUT /api/v1/kv/app/k HTTP/1.1\r\nhost: q\r\ncontent-type: application/json\r\n"
+                + b"authorization: " + who["reader"]["authorization"].encode() + b"\r\n"
+                + b"authorization: " + who["writer"]["authorization"].encode() + b"\r\n")
+        body = b'{"value": 1, "forever": true}'
+        stream = await trio_open(server.port)
+        await stream.send_all(head + b"content-length: %d\r\n\r\n" % len(body) + body)
+        answer = await stream.receive_some(65536)
+        await stream.aclose()
+        assert answer.startswith(b"HTTP/1.1 400") and b"two Authorization headers" in answer
+        assert (await client.request("GET", "/api/v1/kv/app/k", None, who["reader"]))[1]["found"] is False
+        status, answer = await client.request("POST", "/api/v1/transaction", {"kv": [
+            {"op": "put", "ns": "orders", "key": "o1", "value": 1, "forever": True, "expect": 7}]}, who["writer"])
+        assert status == 200 and answer["success"] is False
+        assert answer["failed"]["ns"] == "orders"
+
+
+async def trio_open(port):
+    import trio
+
+    return await trio.open_tcp_stream("127.0.0.1", port)
