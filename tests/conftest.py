@@ -4,6 +4,7 @@ processes the tests start, under pytest's temporary directory)."""
 
 import logging
 import re
+import shutil
 from functools import partial
 from pathlib import Path
 
@@ -65,3 +66,9 @@ def serve():
     handling). That thread looks idle to autojump_clock, so pair this with the frozen mock_clock
     fixture instead: no tick or timeout then depends on the machine's speed."""
     return partial(open_server, disk_inline=False)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if shutil.which("openssl") is None:
+        terminalreporter.write_line("SKIPPED: the TLS tests need the openssl command to make throwaway certificates "
+                                    "(apt-get install openssl; .ci/run does it)", red=True, bold=True)

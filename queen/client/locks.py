@@ -403,6 +403,10 @@ class Lock:
         self._client._require_task_group()
         if not self.auto_renew:
             raise RuntimeError("hold() renews in the background; this handle was made with auto_renew=False")
+        if self._hold_scopes:
+            # Not reentrant: the inner block's end would release the permit under the outer one.
+            raise RuntimeError(f"hold() is already running on this handle of {self.name!r} (nested, or in another "
+                               "task); a handle holds once: make another handle for another holder")
         if not await self.acquire(wait=wait):
             reason, holders = self.refusal
             raise LockNotAcquired(self.name, reason, holders)

@@ -34,7 +34,8 @@ def shard_of(ns: str, key: str, shard_count: int) -> int:
 
 def shard_of_lock(ns: str, name: str, shard_count: int) -> int:
     """shard_of(ns, name + "#" + any slot) for a lock namespace, without building the key."""
-    return zlib.crc32(name.encode(), _LOCKS_SEED if ns == LOCKS_NS else _seed_of(ns)) % shard_count
+    seed = _LOCKS_SEED if ns == LOCKS_NS else _ns_seeds.get(ns) or _seed_of(ns)
+    return zlib.crc32(name.encode(), seed) % shard_count
 
 
 def _seed_of(ns: str) -> int:

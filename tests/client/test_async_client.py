@@ -171,6 +171,25 @@ def test_both_hold_runs_the_block_only_when_acquired_and_releases_after(backend,
     run(backend, body)
 
 
+def test_both_a_second_hold_on_one_handle_is_an_error_and_the_first_keeps_the_lock(backend, server, unique):
+    """A handle holds once: nested (or concurrent) hold() on it would release the permit under the
+    outer block when the inner one ends."""
+    async def body():
+        async with queen.Client(server.url) as client:
+            lock = client.lock(unique, ttl="30s")
+            async with lock.hold():
+                token = lock.token
+                with pytest.raises(RuntimeError, match="already running on this handle"):
+                    async with lock.hold():
+                        pass  # pragma: no cover - must not run
+                assert lock.held and lock.token == token
+                [holder] = await client.locks.holders(unique)
+                assert holder.token == token
+            assert await client.locks.holders(unique) == []
+
+    run(backend, body)
+
+
 def test_both_a_guarded_transaction_commits_only_while_the_lock_is_ours(backend, server, unique):
     async def body():
         async with queen.Client(server.url) as client:

@@ -119,14 +119,6 @@ def test_a_client_that_does_not_trust_the_ca_fails_verification(tls_server, pki)
     assert tls_server.request("GET", "/healthz")[0] == 200
 
 
-def sighup_reloads() -> bool:
-    from queen.runtime.server import Server
-
-    return hasattr(Server, "reload")
-
-
-@pytest.mark.skipif(not sighup_reloads(), reason="Server.reload() (the SIGHUP handler of queen serve) is not there "
-                                                 "yet; it must call server.http.reload_tls()")
 def test_sighup_serves_a_renewed_certificate_to_new_connections(pki, tmp_path):
     cert, key = str(tmp_path / "server.pem"), str(tmp_path / "server.key")
     shutil.copy(pki.cert, cert)
