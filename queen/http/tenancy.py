@@ -48,9 +48,10 @@ class Forbidden(QueenError):
 
 
 class Paused(Unavailable):
-    def __init__(self, tenant: str, area: str):
-        super().__init__("paused", f"an admin paused the {area} writes of tenant {tenant!r}; reads go on",
-                         {"tenant": tenant, "area": area})
+    def __init__(self, tenant: str, area: str, by: str):
+        who = "the server's operator" if by == OPERATOR else "an admin of the tenant"
+        super().__init__("paused", f"{who} paused the {area} writes of tenant {tenant!r}; reads go on",
+                         {"tenant": tenant, "area": area, "pausedBy": by})
         self.headers = [(b"retry-after", b"%d" % PAUSED_RETRY_AFTER_S)]
 
 
@@ -126,8 +127,9 @@ class Tenancy:
         if not self.active:
             return
         tenant = tenants.DEFAULT if principal.tenant == tenants.EVERY else principal.tenant
-        if area in self.paused.get(tenant, ()):
-            raise Paused(tenant, area)
+        paused = self.paused.get(tenant)
+        if paused and area in paused:
+            raise Paused(tenant, area, paused[area])
         rules = self.rules.get(tenant)
         if rules is None:
             return
