@@ -45,6 +45,7 @@ class Config:
     snapshot_wal_bytes: int = _opt(32 << 20, "take a snapshot once this many WAL bytes were written since the last one; then covered segments are deleted", "BYTES")
     shutdown_grace_s: float = _opt(10.0, "on SIGTERM/SIGINT, time allowed for in-flight requests before connections are cut", "SECONDS")
     log_level: str = _opt("info", "diagnostic log level on stderr: debug, info, warning, error", "LEVEL")
+    log_format: str = _opt("logfmt", "log lines on stderr as logfmt or json, one per event, UTC timestamps", "FORMAT")
     auth_file: str = _opt("", "tokens, roles, tenants and their quotas (JSON; `queen auth add` writes it); re-read on "
                           "SIGHUP. Without it every caller may do everything, so the server only binds loopback "
                           "addresses unless --insecure is given", "FILE")
@@ -85,6 +86,8 @@ def validate(config: Config) -> list[str]:
             problems.append(f"{name.replace('_', '-')} must be above 0")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
         problems.append(f"log level {config.log_level!r} is not one of debug, info, warning, error")
+    if config.log_format not in ("logfmt", "json"):
+        problems.append(f"log format {config.log_format!r} is not one of logfmt, json")
     if bool(config.tls_cert) != bool(config.tls_key):
         problems.append("--tls-cert and --tls-key go together: give both, or neither")
     if not config.auth_file and not config.insecure and not is_loopback(config.host):

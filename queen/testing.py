@@ -22,7 +22,8 @@ import time
 
 from queen.wal.disk import Disk
 
-_LISTENING = re.compile(r"event=listening host=\S+ port=(\d+)")
+# The start line, as logfmt or as JSON (--log-format json).
+_LISTENING = re.compile(r'event=listening host=\S+ port=(\d+)|"event": "listening", "host": "[^"]*", "port": "(\d+)"')
 
 
 class FaultyDisk(Disk):
@@ -289,7 +290,7 @@ class ServerProcess:
                 text = f.read().decode(errors="replace")
             match = _LISTENING.search(text)
             if match:
-                self.port = int(match.group(1))
+                self.port = int(match.group(1) or match.group(2))
                 return self
             if self.process.poll() is not None:
                 self._close_log()

@@ -108,7 +108,7 @@ def test_a_removed_token_stops_working_at_sighup(secured, tmp_path):
     wait_for_log(server, "event=reloaded", reloads + 2)
     assert run("kv", "put", "app", "t", "1", "--forever", env=env).returncode == 65
     log = server.log_text()
-    assert "action=token_added token='short-lived'" in log and "action=token_removed token='short-lived'" in log
+    assert "action=token_added token=short-lived" in log and "action=token_removed token=short-lived" in log
 
 
 def wait_for_log(server, text, count, timeout_s=20.0):
@@ -155,5 +155,5 @@ def test_a_bad_auth_file_refuses_to_start_with_one_line(tmp_path):
     path.write_text('{"tokens": [{"name": "x"}]}')
     done = run("serve", "--port", "0", "--data-dir", str(tmp_path / "data"), "--auth-file", str(path))
     assert done.returncode == 1
-    errors = [line for line in done.stderr.splitlines() if "level=ERROR" in line]
+    errors = [line for line in done.stderr.splitlines() if "level=error" in line]
     assert len(errors) == 1 and "reason=auth_file" in errors[0] and "Traceback" not in done.stderr

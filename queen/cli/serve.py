@@ -14,6 +14,7 @@ import sys
 from queen.auth import AuthFileError
 from queen.config import Config, config_fields, validate
 from queen.errors import CorruptLog, RefusedToStart, VersionsExhausted
+from queen.logs import LineFormatter
 
 logger = logging.getLogger("queen")
 
@@ -61,9 +62,10 @@ def _flag(raw: str) -> bool:
     raise ValueError(raw)
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(stream=sys.stderr, level=level.upper(),
-                        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+def setup_logging(level: str, kind: str = "logfmt") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LineFormatter(kind))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def serve_broker(config: Config) -> int:
@@ -72,7 +74,7 @@ def serve_broker(config: Config) -> int:
         for problem in problems:
             print(f"queen: {problem}", file=sys.stderr)
         return 2
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_format)
     import trio
 
     from queen.http.tls import TlsSetupError

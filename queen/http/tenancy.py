@@ -224,6 +224,6 @@ def _bucket(rate: int | None, old: Bucket | None, now: float) -> Bucket | None:
 
 def audit(principal, action: str, **fields) -> None:
     """One info line per admin action, naming the token (never its secret)."""
-    detail = " ".join(f"{name}={value!r}" for name, value in fields.items() if value is not None)
-    logger.info("event=audit action=%s token=%r role=%s tenant=%s %s", action, principal.name, principal.role,
-                principal.tenant, detail)
+    fields = {name: value for name, value in fields.items() if value is not None}
+    logger.info("event=audit action=%s token=%r role=%s tenant=%s" + "".join(f" {name}=%r" for name in fields),
+                action, principal.name, principal.role, principal.tenant, *fields.values())

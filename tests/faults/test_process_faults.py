@@ -320,7 +320,7 @@ def test_p5_p6_a_backward_clock_step_across_a_restart_hands_over_nothing_early(t
 def last_segment_cut_wall(server: ServerProcess) -> datetime:
     """The wall-clock time (local) the server process logged its latest segment cut at."""
     lines = [line for line in server.log_text().splitlines() if "event=segment_cut " in line]
-    return datetime.strptime(lines[-1].split(" level=")[0].removeprefix("ts="), "%Y-%m-%d %H:%M:%S,%f")
+    return datetime.strptime(lines[-1].split(" level=")[0].removeprefix("ts="), "%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @pytest.mark.parametrize("stepped_by", ["libfaketime", "sut"])
