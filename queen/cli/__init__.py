@@ -2,6 +2,7 @@
 
   serve.py    `queen serve`: settings resolved once (flags over QUEEN_* over defaults), the broker
   auth.py     `queen auth ...`: tokens in an auth file
+  check.py    `queen check`: a data directory verified offline, as recovery would
   kv.py       `queen kv ...`
   lock.py     `queen lock ...` and `queen run-locked`
   queue.py    `queen queue ...`
@@ -18,7 +19,7 @@ import argparse
 import sys
 
 from queen import __version__
-from queen.cli import auth, kv, lock, output, queue, serve, timer
+from queen.cli import auth, check, kv, lock, output, queue, serve, timer
 from queen.cli.serve import resolve_config
 
 __all__ = ["build_parser", "main", "resolve_config"]
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve.add_parser(commands)
     auth.add_parser(commands)
+    check.add_parser(commands)
     parents = output.parents()
     for family in (kv, lock, queue, timer):
         family.add_parser(commands, parents)
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
-    if getattr(args, "run", None) is not None:  # serve, auth
+    if getattr(args, "run", None) is not None:  # serve, auth, check
         return args.run(args)
     if getattr(args, "handler", None) is not None:
         args.cmd = command

@@ -92,3 +92,26 @@ class Disk:
             self.close(fd)
         self.rename(tmp, path)
         self.fsync_dir(os.path.dirname(path) or ".")
+
+
+class DryDisk(Disk):
+    """Reads the real files; every change is noted in `changes` instead of made: what recovery
+    would do to a data directory, found without touching it (`queen check`)."""
+
+    def __init__(self):
+        self.changes: list[tuple[str, str]] = []  # (what, path)
+
+    def fsync_dir(self, path: str) -> None:
+        pass
+
+    def rename(self, source: str, target: str) -> None:
+        self.changes.append(("rename", f"{source} -> {target}"))
+
+    def remove(self, path: str) -> None:
+        self.changes.append(("remove", path))
+
+    def truncate(self, path: str, size: int) -> None:
+        self.changes.append(("truncate", f"{path} at {size}"))
+
+    def write_file_atomically(self, path: str, data: bytes) -> None:
+        self.changes.append(("write", f"{path} ({len(data)} bytes)"))
