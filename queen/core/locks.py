@@ -25,9 +25,10 @@ Never: reads a clock, awaits, or knows what a reply_to is.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from queen.core import names
-from queen.core.kv import LOCKS_NS, KvState, Row, check_fields, fail, integer
+from queen.core.kv import LOCKS_NS, KvState, Row, check_fields, fail, integer, is_locks_ns
 from queen.core.limits import INT64_MAX, Limits
 from queen.core.outcomes import LockReason
 from queen.core.wheel import TimingWheel
@@ -161,18 +162,33 @@ class Waiter:
         self.position = position
 
 
+@dataclass(frozen=True, slots=True)
+class LockStatistics:
+    permits: int  # permit rows held (those expired and not yet freed by a tick included)
+    waiters: int  # acquires parked for a permit
+    acquires: dict  # result -> count: granted, held, timeout, cancelled
+    expired: int  # permits freed because their lifetime ran out
+
+
 class LockTable:
     """The lock operations of one shard, over that shard's KvState."""
 
-    __slots__ = ("kv", "waiters", "deadlines", "resolved", "wait_ms_max")
+    __slots__ = ("kv", "waiters", "deadlines", "resolved", "wait_ms_max", "acquires", "expired")
 
     def __init__(self, kv: KvState, now_ms: int, wait_ms_max: int = Limits.wait_ms_max):
+        self.acquires = dict.fromkeys(("granted", "held", "timeout", "cancelled"), 0)  # by result
+        self.expired = 0
         self.kv = kv
         self.wait_ms_max = wait_ms_max
         self.waiters: dict[tuple[str, str], deque[Waiter]] = {}  # (ns, name) -> oldest first
         self.deadlines = TimingWheel(now_ms)  # Waiter -> deadline_ms, so a tick looks only at due ones
         # (reply_to, position, result) of parked acquires answered, for the caller to deliver.
         self.resolved: list = []
+
+    def statistics(self) -> LockStatistics:
+        permits = sum(len(table.rows) for ns, table in self.kv.tables.items() if is_locks_ns(ns))
+        return LockStatistics(permits, sum(len(queue) for queue in self.waiters.values()), dict(self.acquires),
+                              self.expired)
 
     def apply(self, op: LockOp, now_ms: int, records: list, reply_to=None, position: int = 0) -> dict | None:
         """The answer, or None when an acquire with waitMs was parked (answered later, in resolved)."""
@@ -185,6 +201,7 @@ class LockTable:
             if not result["acquired"] and op.wait_ms > 0 and reply_to is not None:
                 self.park(op, now_ms, reply_to, position)
                 return None
+            self.acquires["granted" if result["acquired"] else "held"] += 1
             return result
         if kind == "renew":
             return self.renew(op, now_ms, records)
@@ -275,6 +292,7 @@ class LockTable:
                 if timed_out:
                     self._time_out(waiter, now_ms)
                 else:
+                    self.acquires["cancelled"] += 1
                     self.resolved.append((reply_to, waiter.position, {"name": line[1], "acquired": False,
                                                                       "reason": LockReason.CANCELLED}))
             if not queue:
@@ -303,6 +321,7 @@ class LockTable:
             self.deadlines.remove(waiter)
             key = permit_key(name, free)
             row = self.kv.write(ns, key, waiter.op.owner, waiter.op.ttl_ms, None, now_ms, records)
+            self.acquires["granted"] += 1
             self.resolved.append((waiter.reply_to, waiter.position, self._granted(name, free, key, row)))
         if queue is not None and not queue:
             del self.waiters[line]
@@ -314,6 +333,7 @@ class LockTable:
         if waiter.reply_to is None:
             return None
         rows = self._rows(op.ns, op.name, op.limit, now_ms)
+        self.acquires["timeout"] += 1
         result = {"name": op.name, "acquired": False, "reason": LockReason.TIMEOUT,
                   "holders": [holder(slot, row) for slot, row in enumerate(rows) if row is not None]}
         self.resolved.append((waiter.reply_to, waiter.position, result))
@@ -327,6 +347,7 @@ class LockTable:
         if not freed:
             return
         self.kv.freed_permits = []
+        self.expired += len(freed)
         waiters = self.waiters
         for line in dict.fromkeys((ns, key.rpartition("#")[0]) for ns, key in freed):
             if line in waiters:

@@ -6,6 +6,7 @@ component and its name and help text are here.
 from __future__ import annotations
 
 from queen.core import tenants
+from queen.core.locks import LockStatistics
 from queen.core.queues.model import QueueStatistics
 from queen.core.timers import TimerStatistics
 from queen.http.connection import HttpStatistics
@@ -22,7 +23,8 @@ _QUEUE_GAUGES = {
 
 
 def render(http: HttpStatistics, wal: WalStatistics, rows: int, queues: list[QueueStatistics],
-           timers: list[TimerStatistics], tenant_rows: list[tuple] = (), tenant: str | None = None) -> str:
+           timers: list[TimerStatistics], tenant_rows: list[tuple] = (), tenant: str | None = None,
+           locks: list[LockStatistics] = ()) -> str:
     """queues and timers: one snapshot per shard; tenant_rows: (tenant, usage dict or None,
     {code: refused count}, paused areas) of each tenant. tenant: render only what is that
     tenant's (its queues, its usage), as a tenant's own token sees /metrics; None for everything."""
@@ -81,6 +83,15 @@ def render(http: HttpStatistics, wal: WalStatistics, rows: int, queues: list[Que
     metric("queen_version_ceiling", "gauge",
            "versions up to this are reserved on disk; a restart continues above it", wal.ceiling)
     metric("queen_rows", "gauge", "rows held in memory (expired rows not yet freed included)", rows)
+    metric("queen_lock_permits", "gauge", "lock and semaphore permits held (those expired and not yet freed "
+           "included)", sum(s.permits for s in locks))
+    metric("queen_lock_waiters", "gauge", "acquires parked for a permit (waitMs)", sum(s.waiters for s in locks))
+    metric("queen_lock_acquires_total", "counter", "acquires answered, by result: granted, held (refused at "
+           "once), timeout (its wait ran out), cancelled (its client left)",
+           [(f'{{result="{result}"}}', sum(s.acquires[result] for s in locks))
+            for result in ("granted", "held", "timeout", "cancelled")] if locks else [])
+    metric("queen_lock_expiries_total", "counter", "permits freed because their lifetime ran out (a holder that "
+           "did not renew)", sum(s.expired for s in locks))
 
     _queue_metrics(metric, queues, queue_labels)
     _tenant_metrics(metric, usage_samples, refused_samples, paused_samples)

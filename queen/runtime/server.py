@@ -227,4 +227,5 @@ class Server:
                         tenancy.paused.get(name, frozenset())) for name in names]
         return metrics.render(self.http.statistics(), self.writer.statistics(), self.state.row_count(),
                               [shard.queues.statistics(now_ms) for shard in shards],
-                              [shard.queues.timers.statistics() for shard in shards], tenant_rows, tenant)
+                              [shard.queues.timers.statistics() for shard in shards], tenant_rows, tenant,
+                              [shard.locks.statistics() for shard in shards])

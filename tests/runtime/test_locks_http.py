@@ -193,3 +193,34 @@ async def test_a_tick_is_not_queued_behind_a_full_shard_queue(tmp_path, autojump
             answered.append(trio.current_time())
         assert got["acquired"] is True and got["fence"] > held["fence"]
         assert lease_ends_s <= answered[0] <= lease_ends_s + TICK_S + 0.001
+
+
+async def test_lock_metrics_count_permits_waiters_results_and_expiries(tmp_path, autojump_clock):
+    from queen.testing import parse_metrics
+
+    async with open_server(tmp_path / "data") as server:
+        holder, waiter, other = HttpClient(server.port), HttpClient(server.port), HttpClient(server.port)
+
+        async def metrics():
+            status, text = await other.request("GET", "/metrics")
+            return parse_metrics(text.decode())
+
+        await holder.locks(acquire("job", "h", ttl=2), acquire("sem", "h", ttl=30, limit=2))
+        [refused] = await other.locks(acquire("job", "o"))
+        assert refused["acquired"] is False
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter.locks, acquire("job", "w", waitMs=10_000))
+            await trio.testing.wait_all_tasks_blocked()
+            seen = await metrics()
+            assert seen["queen_lock_permits"] == 2 and seen["queen_lock_waiters"] == 1
+            await trio.sleep(3)  # virtual: the 2 s permit expires and goes to the waiter
+        [late] = await other.locks(acquire("sem2", "o", waitMs=500))
+        assert late["acquired"] is True
+        [timed_out] = await other.locks(acquire("job", "o2", waitMs=500))
+        assert timed_out["reason"] == "timeout"
+        seen = await metrics()
+        assert seen['queen_lock_acquires_total{result="granted"}'] == 4  # job, sem, the waiter, sem2
+        assert seen['queen_lock_acquires_total{result="held"}'] == 1
+        assert seen['queen_lock_acquires_total{result="timeout"}'] == 1
+        assert seen["queen_lock_expiries_total"] == 1 and seen["queen_lock_waiters"] == 0
+        assert seen["queen_lock_permits"] == 3
