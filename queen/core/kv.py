@@ -402,15 +402,8 @@ class KvState:
         old = rows.get(key)
         if old is None:
             table.note_insert(key)
-        usage = table.usage
-        if usage is not None:  # a named tenant's row: its keys and bytes held follow
-            value = row.value
-            usage.bytes += len(key) + (len(value) + 2 if type(value) is str and value.isalnum() and value.isascii()
-                                       else _json_size(value))
-            if old is None:
-                usage.keys += 1
-            else:
-                usage.bytes -= len(key) + _json_size(old.value)
+        if table.usage is not None:  # a named tenant's row: its keys and bytes held follow
+            _count(table.usage, key, old, row)
         rows[key] = row
         if row.expires_at_ms:
             self._unscheduled.append((ns, key))
@@ -419,12 +412,8 @@ class KvState:
 
     def _drop(self, table: Table, ns: str, key: str) -> None:
         row = table.rows.pop(key)
-        usage = table.usage
-        if usage is not None:
-            usage.keys -= 1
-            value = row.value
-            usage.bytes -= len(key) + (len(value) + 2 if type(value) is str and value.isalnum() and value.isascii()
-                                       else _json_size(value))
+        if table.usage is not None:
+            _count(table.usage, key, row, None)
         table.note_remove(key)
         self.wheel.remove((ns, key))
         if not table.rows:
@@ -607,7 +596,7 @@ class KvState:
             row = table.rows[key] = Row(record.value, record.version, record.create_version, record.created_at_ms,
                                         record.updated_at_ms, record.expires_at_ms)
             if table.usage is not None:
-                _count(table.usage, key, old, row)  # replay: as _store counts
+                _count(table.usage, key, old, row)
             if record.expires_at_ms:
                 self.wheel.schedule((ns, key), record.expires_at_ms)
         elif type(record) is rec.Delete:
@@ -638,8 +627,7 @@ def _count(usage: Usage, key: str, old: Row | None, new: Row | None) -> None:
 
 
 def _json_size(value) -> int:
-    """Bytes of value as JSON. _store and _drop inline the case of a plain ASCII string (a lock's
-    owner), which needs no encoding; the answer is the same."""
+    """Bytes of value as JSON; a plain ASCII string (a lock's owner) without encoding it."""
     if type(value) is str and value.isalnum() and value.isascii():
         return len(value) + 2
     return len(orjson.dumps(value, default=json_default))

@@ -510,6 +510,7 @@ class Api:
             raise BadRequest("invalid_body", 'the body must be an object: {"kv": true, "queues": true}')
         check_fields(document, _PAUSE_BODY, None, "body")
         principal = request.principal
+        pausing = request.target.startswith(b"/api/v1/pause")
         own = tenants.DEFAULT if principal.tenant == tenants.EVERY else principal.tenant
         tenant = document.get("tenant", own)
         if tenant != own:
@@ -526,12 +527,12 @@ class Api:
             if value is not True and value is not False:
                 raise BadRequest("invalid_body", f"{area} must be true or false")
             if value:
-                areas[area] = request.target.startswith(b"/api/v1/pause")
+                areas[area] = pausing
         if not areas:
             raise BadRequest("invalid_body", 'say what: {"kv": true} (locks included), {"queues": true}, or both')
         self.router.refuse_writes_if_unavailable()
         paused = await self.tenancy.set_paused(tenant, areas, "operator" if principal.operator else "admin")
-        audit(principal, "pause" if request.target.startswith(b"/api/v1/pause") else "resume", target_tenant=tenant,
+        audit(principal, "pause" if pausing else "resume", target_tenant=tenant,
               areas=",".join(sorted(areas)))
         return {"tenant": tenant, "paused": {area: area in paused for area in AREAS}}
 

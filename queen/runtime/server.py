@@ -72,10 +72,10 @@ class Server:
         if not path:
             return None
         auth_file = AuthFile.load(path)
-        if os.stat(path).st_mode & 0o077:
+        mode = os.stat(path).st_mode & 0o777
+        if mode & 0o077:
             logger.warning("event=auth_file_readable_by_others file=%s mode=%o hint='chmod 600 it: it holds no "
-                           "secrets, but who may do what is nobody else's business'", path,
-                           os.stat(path).st_mode & 0o777)
+                           "secrets, but who may do what is nobody else's business'", path, mode)
         return auth_file
 
     async def _apply_auth(self, auth_file: AuthFile | None, api: Api) -> None:
@@ -105,9 +105,8 @@ class Server:
                 await self._apply_auth(auth_file, api)
                 logger.info("event=reloaded auth=%s tokens=%d", "on" if auth_file else "off",
                             len(auth_file.tokens) if auth_file else 0)
-            reload_tls = getattr(self.http, "reload_tls", None)
-            if reload_tls is not None and self.config.tls_cert:
-                reload_tls()
+            if self.config.tls_cert:
+                self.http.reload_tls()
             self.reloads_done += 1
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:

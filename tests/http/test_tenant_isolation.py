@@ -8,9 +8,6 @@ tenant only in /metrics and /api/v1/tenants.
 
 from __future__ import annotations
 
-import http.client
-import json
-
 import pytest
 
 from queen.auth import AuthFile
@@ -21,25 +18,11 @@ class Caller:
     """(status, decoded body) of requests with one token (None: none)."""
 
     def __init__(self, server: ServerProcess, secret: str | None):
-        self.port = server.port
-        self.secret = secret
+        self.server = server
+        self.headers = {} if secret is None else {"authorization": f"Bearer {secret}"}
 
     def __call__(self, method: str, target: str, body=None):
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=15)
-        headers = {"content-type": "application/json"}
-        if self.secret is not None:
-            headers["authorization"] = f"Bearer {self.secret}"
-        try:
-            connection.request(method, target, body=None if body is None else json.dumps(body).encode(),
-                               headers=headers)
-            response = connection.getresponse()
-            raw = response.read()
-        finally:
-            connection.close()
-        try:
-            return response.status, json.loads(raw)
-        except ValueError:
-            return response.status, raw
+        return self.server.request(method, target, body, self.headers, timeout_s=15)
 
     def ok(self, method: str, target: str, body=None):
         status, answer = self(method, target, body)
