@@ -249,6 +249,44 @@ def _apply(inode: _Inode, offset: int, data: bytes | None) -> None:
     inode.pending.append((offset, data))
 
 
+# Every log file a ServerProcess wrote in this interpreter: tests/conftest.py parses each line of
+# each of them at the end of the run.
+SERVER_LOG_FILES: set[str] = set()
+
+_LOG_KEY = r"[A-Za-z_][A-Za-z0-9_.]*"
+_LOG_VALUE = r'(?:[^\s="\\]+|"(?:[^"\\]|\\.)*")'
+_LOGFMT_LINE = re.compile(rf"{_LOG_KEY}={_LOG_VALUE}(?: {_LOG_KEY}={_LOG_VALUE})*")
+_LOGFMT_PAIR = re.compile(rf"({_LOG_KEY})=({_LOG_VALUE})")
+_LOG_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def parse_logfmt(line: str) -> dict:
+    """Strict logfmt: key=value pairs, single spaces, values bare or double-quoted with \\ escapes;
+    a UTC `ts` and a `level` on every line. AssertionError when the line is anything else."""
+    assert _LOGFMT_LINE.fullmatch(line), f"not logfmt: {line!r}"
+    fields = {}
+    for key, value in _LOGFMT_PAIR.findall(line):
+        if value.startswith('"'):
+            value = re.sub(r"\\(.)", lambda m: {"n": "\n", "r": "\r"}.get(m.group(1), m.group(1)), value[1:-1])
+        fields[key] = value
+    assert _LOG_UTC.fullmatch(fields.get("ts", "")) and fields.get("level") in _LOG_LEVELS, f"no ts or level: {line!r}"
+    return fields
+
+
+def parse_json_log(line: str) -> dict:
+    """One JSON object per line with a UTC `ts` and a `level`. AssertionError otherwise."""
+    fields = json.loads(line)
+    assert isinstance(fields, dict), f"not a JSON object: {line!r}"
+    assert _LOG_UTC.fullmatch(fields.get("ts", "")) and fields.get("level") in _LOG_LEVELS, f"no ts or level: {line!r}"
+    return fields
+
+
+def parse_log_line(line: str) -> dict:
+    """A server's log line in either format (--log-format logfmt or json)."""
+    return parse_json_log(line) if line.startswith("{") else parse_logfmt(line)
+
+
 class ServerProcess:
     """A real `queen serve` on 127.0.0.1 and a free port, started and stopped by the test.
 
@@ -272,6 +310,7 @@ class ServerProcess:
         self.process: subprocess.Popen | None = None
         self.port: int | None = None
         self.stderr_path = os.path.join(os.path.dirname(os.path.abspath(data_dir)), os.path.basename(data_dir) + ".log")
+        SERVER_LOG_FILES.add(self.stderr_path)
 
     def start(self, timeout_s: float = 20.0, port: int = 0) -> ServerProcess:
         """Start it on `port` (0: a free one) and wait until it listens."""

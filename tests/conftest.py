@@ -1,6 +1,7 @@
-"""Fixtures shared by the tests, and one check over the whole run: no API token's secret in any
+"""Fixtures shared by the tests, and two checks over the whole run: no API token's secret in any
 log line (of in-process servers and clients, as they are logged) or log file (of the server
-processes the tests start, under pytest's temporary directory)."""
+processes the tests start, under pytest's temporary directory); and every line every server
+process wrote parses as logfmt (or JSON, under --log-format json)."""
 
 import logging
 import re
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from queen.testing import open_server
+from queen.testing import SERVER_LOG_FILES, open_server, parse_log_line
 
 # Every secret `queen auth add` makes has this shape, so a leak is found without knowing it.
 SECRET = re.compile(r"queen_[a-z2-7]{12}_[A-Za-z0-9_-]{43}")
@@ -51,9 +52,29 @@ def pytest_sessionfinish(session, exitstatus):
             if path.suffix in _SCANNED_SUFFIXES and path.is_file() and path.stat().st_size < 64 << 20:
                 if SECRET.search(path.read_text(errors="replace")):
                     found.append(f"file {path}")
+    unparsed = _unparsed_log_lines()
+    if unparsed:
+        print(f"\nLOG LINES THAT ARE NEITHER LOGFMT NOR JSON: {len(unparsed)}, first: {unparsed[0]}")
+        session.exitstatus = 1
     if found:
         print(f"\nSECRET LEAKED: an API token's secret appears in {len(found)} place(s), first: {found[0]}")
         session.exitstatus = 1
+
+
+def _unparsed_log_lines() -> list[str]:
+    """Every line of every server process's log, each read by a strict parser."""
+    bad = []
+    for path in sorted(SERVER_LOG_FILES):
+        if not Path(path).is_file():  # the test's temporary directory may be gone already
+            continue
+        for number, line in enumerate(Path(path).read_text(errors="replace").splitlines(), 1):
+            if not line:
+                continue
+            try:
+                parse_log_line(line)
+            except (AssertionError, ValueError) as e:
+                bad.append(f"{path}:{number}: {e}")
+    return bad
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ traceback and a shutdown, and the values come back as they were."""
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import time
@@ -14,25 +13,7 @@ import pytest
 
 from queen.auth import AuthFile
 from queen.logs import LineFormatter
-from queen.testing import ServerProcess
-
-_KEY = r"[A-Za-z_][A-Za-z0-9_.]*"
-_VALUE = r'(?:[^\s="\\]+|"(?:[^"\\]|\\.)*")'
-_LINE = re.compile(rf"{_KEY}={_VALUE}(?: {_KEY}={_VALUE})*")
-_PAIR = re.compile(rf"({_KEY})=({_VALUE})")
-_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
-
-
-def parse_logfmt(line: str) -> dict:
-    """Strict logfmt: key=value pairs, single spaces, values bare or double-quoted with \\ escapes."""
-    assert _LINE.fullmatch(line), f"not logfmt: {line!r}"
-    fields = {}
-    for key, value in _PAIR.findall(line):
-        if value.startswith('"'):
-            value = re.sub(r"\\(.)", lambda m: {"n": "\n", "r": "\r"}.get(m.group(1), m.group(1)), value[1:-1])
-        fields[key] = value
-    assert _UTC.fullmatch(fields["ts"]) and fields["level"] in ("debug", "info", "warning", "error", "critical")
-    return fields
+from queen.testing import ServerProcess, parse_logfmt
 
 
 def record(message, *args, exc_info=None):
