@@ -118,6 +118,8 @@ def test_the_env_example_shows_each_default_or_what_the_unit_sets():
         assert shown == expected, name
 
 
+# The Containerfile is read, not built: building needs its base image from docker.io, which a test
+# machine may not reach, and running it needs a container runtime allowed to set cgroups and rlimits.
 def containerfile() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
     lines = [line for line in CONTAINERFILE.read_text().splitlines() if not line.lstrip().startswith("#")]
