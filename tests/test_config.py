@@ -25,9 +25,10 @@ def test_a_flag_wins_over_the_environment_which_wins_over_the_default():
     assert (config.port, config.shard_count, config.idle_timeout_s) == (7001, 2, 5.5)
 
 
-def test_a_malformed_environment_value_is_refused_by_name():
-    with pytest.raises(SystemExit, match="QUEEN_PORT"):
+def test_a_malformed_environment_value_is_refused_by_name_as_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
         resolve([], {"QUEEN_PORT": "many"})
+    assert info.value.code == 2 and "QUEEN_PORT='many'" in capsys.readouterr().err
 
 
 def test_impossible_settings_are_reported():

@@ -10,13 +10,33 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 
 from queen.auth import AuthFileError
+from queen.cli.check import EXIT_REFUSED
 from queen.config import Config, config_fields, validate
 from queen.errors import CorruptLog, RefusedToStart, VersionsExhausted
 from queen.logs import LineFormatter
 
 logger = logging.getLogger("queen")
+
+# Exit statuses. The two refusals a restart cannot cure have their own, so a service manager can
+# tell them from a crash and stop retrying (systemd: RestartPreventExitStatus=, ops/queen.service).
+EXIT_FAILED = 1  # anything else that stopped it: a port in use, a bad certificate or auth file, ...
+EXIT_USAGE = 2
+EXIT_DATA_REFUSED = EXIT_REFUSED  # 4, as `queen check` says of the same directory
+EXIT_DATA_DIR_IN_USE = 5
+
+EXIT_STATUS_HELP = f"""\
+exit status:
+  0  stopped by SIGTERM or SIGINT, everything acknowledged on disk
+  {EXIT_FAILED}  failed to start or run (a port in use, an unusable auth file or certificate, ...)
+  {EXIT_USAGE}  usage: a bad flag, variable or setting
+  {EXIT_DATA_REFUSED}  recovery refuses the data directory: a corrupt log (serving it would drop
+     acknowledged writes), another format version, or versions used up; `queen check` says the same
+  {EXIT_DATA_DIR_IN_USE}  the data directory is in use: another server holds its lock
+Each refusal is one log line, event=start_failed reason=..., naming what to look at.
+"""
 
 
 def env_name(field_name: str) -> str:
@@ -26,8 +46,11 @@ def env_name(field_name: str) -> str:
 def add_parser(commands) -> None:
     serve = commands.add_parser(
         "serve", help="run the broker",
-        description="Run the broker. Every setting can also come from the QUEEN_* variable named "
-                    "beside it; a flag wins over the variable, the variable over the default.")
+        description=textwrap.fill("Run the broker. Every setting can also come from the QUEEN_* variable named "
+                    "beside it; a flag wins over the variable, the variable over the default. Under a service "
+                    "manager that sets NOTIFY_SOCKET (systemd Type=notify) it reports READY=1 once it listens, "
+                    "after recovery, and STOPPING=1 at SIGTERM."),
+        epilog=EXIT_STATUS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, kind, default, help_text, metavar in config_fields():
         if kind == "bool":
             serve.add_argument("--" + name.replace("_", "-"), dest=name, default=None, action="store_const",
@@ -48,7 +71,8 @@ def resolve_config(args: argparse.Namespace, environ=os.environ) -> Config:
             try:
                 value = {"int": int, "float": float, "bool": _flag}.get(kind, str)(raw)
             except ValueError:
-                raise SystemExit(f"queen: {env_name(name)}={raw!r} is not a valid {kind}") from None
+                print(f"queen: {env_name(name)}={raw!r} is not a valid {kind}", file=sys.stderr)
+                raise SystemExit(EXIT_USAGE) from None
         if value is not None:
             values[name] = value
     return Config(**values)
@@ -73,17 +97,18 @@ def serve_broker(config: Config) -> int:
     if problems:
         for problem in problems:
             print(f"queen: {problem}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     setup_logging(config.log_level, config.log_format)
     import trio
 
     from queen.http.tls import TlsSetupError
+    from queen.runtime.notify import Notifier
     from queen.runtime.server import DataDirBusy, Server
 
     # Everything imported so far lives as long as the process: out of the cyclic GC's sight, a
     # full collection walks only what the server builds, not the modules under it.
     gc.freeze()
-    server = Server(config)
+    server = Server(config, notifier=Notifier.from_environ())
 
     async def watch_signals():
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
@@ -107,22 +132,31 @@ def serve_broker(config: Config) -> int:
         failure = _first_leaf(group)
     if failure is None:
         return 0
+    if isinstance(failure, DataDirBusy):
+        logger.error("event=start_failed reason=data_dir_in_use detail=%r action=refusing_to_start", str(failure))
+        return EXIT_DATA_DIR_IN_USE
+    if isinstance(failure, RefusedToStart):
+        _log_refusal(failure)
+        return EXIT_DATA_REFUSED
     if isinstance(failure, TlsSetupError):
         logger.error("event=start_failed reason=tls file=%s error=%r action=refusing_to_start", failure.path, failure.detail)
     elif isinstance(failure, AuthFileError):
         logger.error("event=start_failed reason=auth_file detail=%r action=refusing_to_start", str(failure))
-    elif isinstance(failure, CorruptLog):
-        logger.error("event=start_failed reason=corrupt_log detail=%r action=refusing_to_start "
-                     "hint='inspect or move the named file; starting would drop acknowledged writes'", str(failure))
-    elif isinstance(failure, VersionsExhausted):
-        logger.error("event=start_failed reason=versions_exhausted detail=%r action=refusing_to_start", str(failure))
-    elif isinstance(failure, RefusedToStart):
-        logger.error("event=start_failed reason=unreadable_format detail=%r action=refusing_to_start", str(failure))
     elif isinstance(failure, OSError) and failure.errno == errno.EADDRINUSE:
         logger.error("event=start_failed reason=address_in_use host=%s port=%d", config.host, config.port)
     else:
         logger.error("event=start_failed reason=%r", str(failure))
-    return 1
+    return EXIT_FAILED
+
+
+def _log_refusal(failure: RefusedToStart) -> None:
+    if isinstance(failure, CorruptLog):
+        logger.error("event=start_failed reason=corrupt_log detail=%r action=refusing_to_start "
+                     "hint='inspect or move the named file; starting would drop acknowledged writes'", str(failure))
+    elif isinstance(failure, VersionsExhausted):
+        logger.error("event=start_failed reason=versions_exhausted detail=%r action=refusing_to_start", str(failure))
+    else:
+        logger.error("event=start_failed reason=unreadable_format detail=%r action=refusing_to_start", str(failure))
 
 
 def _first_leaf(error: BaseException) -> BaseException:

@@ -24,6 +24,7 @@ from queen.http.connection import HttpServer, connection_budget, open_listeners
 from queen.http.routes import Api
 from queen.http.tls import server_context
 from queen.runtime import metrics
+from queen.runtime.notify import Notifier
 from queen.runtime.router import Router
 from queen.runtime.shard_actor import ShardActor
 from queen.runtime.steps import StepRunner
@@ -43,8 +44,9 @@ class DataDirBusy(Exception):
 
 class Server:
     def __init__(self, config: Config, *, disk: Disk | None = None, wall_at_start_ms: int | None = None,
-                 run_blocking=None):
+                 run_blocking=None, notifier: Notifier | None = None):
         self.config = config
+        self.notifier = notifier or Notifier(None)  # the service manager (systemd Type=notify), if any
         self.disk = disk or Disk()
         self.run_blocking = run_blocking  # see WalWriter: tests under MockClock run disk work inline
         self.wall_at_start_ms = wall_at_start_ms
@@ -97,6 +99,7 @@ class Server:
 
     async def _reload_forever(self, receive, api: Api) -> None:
         async for _ in receive:
+            self.notifier.reloading()
             try:
                 auth_file = self._read_auth_file()
             except AuthFileError as error:
@@ -108,6 +111,7 @@ class Server:
             if self.config.tls_cert:
                 self.http.reload_tls()
             self.reloads_done += 1
+            self._notify_ready()
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         config = self.config
@@ -144,6 +148,7 @@ class Server:
         state = self.state = State(count, clock.now_ms(), limits=config.limits())
 
         started = time.perf_counter()
+        self.notifier.status(f"recovering {os.path.abspath(config.data_dir)}")
         recovered = await trio.to_thread.run_sync(recover, config.data_dir, state.replay, self.disk)
         state.versions.last = recovered.version_floor
         logger.info("event=recovered snapshot_version=%d snapshot_records=%d segments=%d frames=%d records=%d "
@@ -196,9 +201,11 @@ class Server:
                                 "on" if auth_file is not None else "off", os.path.abspath(config.data_dir), count,
                                 http.connections_allowed)
                     task_status.started(self)
+                    self._notify_ready()
                     await self._stop.wait()
                     logger.info("event=shutdown_started connections=%d requests_in_flight=%d",
                                 http.connections, http.requests_in_flight)
+                    self.notifier.stopping(f"stopping: {http.requests_in_flight} requests in flight")
                     router.draining = http.draining = True
                     steps.run(Drain())  # parked pops answer 503 now, not at the end of their wait
                     accept.cancel_scope.cancel()
@@ -213,6 +220,10 @@ class Server:
         if disk_thread is not None:
             disk_thread.close()
         logger.info("event=shutdown_complete durable_version=%d", writer.durable_version)
+
+    def _notify_ready(self) -> None:
+        if not self._stop.is_set():  # once stopping, the manager is told nothing else
+            self.notifier.ready(f"listening on {self.config.host}:{self.port}")
 
     def metrics_text(self, tenant: str | None = None) -> str:
         """Every series, or (tenant) only that tenant's."""

@@ -20,6 +20,7 @@ from functools import partial
 import pytest
 import trio
 
+from queen.cli.serve import EXIT_DATA_REFUSED
 from queen.config import Config
 from queen.core import records as rec
 from queen.core.kv import VERSION_MAX, VERSIONS_WRITABLE_MAX, VersionCounter, parse_kv_op
@@ -180,12 +181,12 @@ async def test_a_log_whose_versions_went_past_the_limit_is_refused_at_start_nami
     assert sorted(os.listdir(data_dir)) == sorted([*before, "LOCK"])
 
 
-async def test_queen_serve_on_a_log_past_the_limit_exits_1_saying_why_in_one_log_line(tmp_path):
+async def test_queen_serve_on_a_log_past_the_limit_exits_refused_saying_why_in_one_log_line(tmp_path):
     data_dir = tmp_path / "data"
     write_log(data_dir, (1 << 55) + 7, (1 << 55) + 7 + CEILING_BLOCK)
     process = await trio.to_thread.run_sync(partial(
         subprocess.run, [sys.executable, "-m", "queen", "serve", "--port", "0", "--data-dir", str(data_dir)],
         capture_output=True, text=True, timeout=60))
-    assert process.returncode == 1
+    assert process.returncode == EXIT_DATA_REFUSED
     [line] = [line for line in process.stderr.splitlines() if "event=start_failed" in line]
     assert "reason=versions_exhausted" in line and str(VERSION_MAX) in line

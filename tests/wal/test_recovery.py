@@ -20,6 +20,7 @@ import pytest
 import trio
 import zstandard
 
+from queen.cli.serve import EXIT_DATA_REFUSED
 from queen.config import Config
 from queen.core.kv import READ_OPS, parse_kv_ops
 from queen.core.limits import Limits
@@ -250,9 +251,9 @@ async def test_queen_serve_on_a_damaged_middle_frame_exits_non_zero_naming_the_f
     assert path in process.stderr and f"offset {start}" in process.stderr
 
 
-async def test_queen_serve_on_a_damaged_middle_frame_says_why_in_one_log_line(tmp_path, serve, mock_clock):
+async def test_queen_serve_on_a_damaged_middle_frame_exits_refused_saying_why_in_one_log_line(tmp_path, serve, mock_clock):
     process, path, start = await serve_subprocess_on_a_damaged_middle_frame(tmp_path / "data", serve)
-    assert process.returncode == 1
+    assert process.returncode == EXIT_DATA_REFUSED
     [line] = [line for line in process.stderr.splitlines() if "event=start_failed" in line]
     assert "reason=corrupt_log" in line and path in line and f"offset {start}" in line
     assert "Traceback" not in process.stderr

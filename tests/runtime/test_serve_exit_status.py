@@ -1,0 +1,62 @@
+"""`queen serve`'s exit statuses for the two refusals a restart cannot cure, each with its one log
+line: a data directory another server holds (5) and a log recovery refuses (4, what `queen check`
+answers for the same directory). A service manager stops retrying on these (ops/queen.service)."""
+
+import subprocess
+import sys
+from functools import partial
+
+import trio
+
+from queen.cli import main
+from queen.cli.check import EXIT_REFUSED
+from queen.cli.serve import EXIT_DATA_DIR_IN_USE, EXIT_DATA_REFUSED, EXIT_FAILED, EXIT_USAGE
+from queen.testing import ServerProcess
+from tests.wal.test_recovery import flip_byte, frame_spans, segment_path, write_frames
+
+
+def serve_once(data_dir) -> subprocess.CompletedProcess:
+    # A real timeout: if the server wrongly started it would serve forever.
+    return subprocess.run([sys.executable, "-m", "queen", "serve", "--port", "0", "--data-dir", str(data_dir)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def start_failed_line(process: subprocess.CompletedProcess) -> str:
+    [line] = [line for line in process.stderr.splitlines() if "event=start_failed" in line]
+    assert "Traceback" not in process.stderr
+    return line
+
+
+def test_the_codes_are_distinct_and_clear_of_failure_and_usage():
+    assert len({EXIT_FAILED, EXIT_USAGE, EXIT_DATA_REFUSED, EXIT_DATA_DIR_IN_USE}) == 4
+    assert (EXIT_FAILED, EXIT_USAGE) == (1, 2)
+    assert EXIT_DATA_REFUSED == EXIT_REFUSED
+
+
+def test_a_second_server_on_the_same_data_dir_exits_in_use(tmp_path):
+    data_dir = tmp_path / "data"
+    first = ServerProcess(str(data_dir)).start()
+    try:
+        second = serve_once(data_dir)
+        assert first.request("GET", "/healthz")[0] == 200  # the first is untouched
+    finally:
+        assert first.stop() == 0
+    assert second.returncode == EXIT_DATA_DIR_IN_USE
+    line = start_failed_line(second)
+    assert "reason=data_dir_in_use" in line and str(data_dir) in line
+
+
+async def test_a_damaged_frame_before_the_last_exits_refused_as_check_says(tmp_path, serve, capsys, mock_clock):
+    data_dir = tmp_path / "data"
+    async with serve(data_dir, shard_count=1) as server:
+        await write_frames(server)
+    path = segment_path(data_dir, 1)
+    start, end = frame_spans(path)[1]
+    flip_byte(path, (start + end) // 2)  # acknowledged, and a valid frame follows: not a torn tail
+
+    assert main(["check", "--data-dir", str(data_dir)]) == EXIT_REFUSED
+    capsys.readouterr()
+    process = await trio.to_thread.run_sync(partial(serve_once, data_dir))
+    assert process.returncode == EXIT_DATA_REFUSED
+    line = start_failed_line(process)
+    assert "reason=corrupt_log" in line and path in line and f"offset {start}" in line
