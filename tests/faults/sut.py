@@ -36,6 +36,7 @@ import errno
 import os
 import signal
 import sys
+import time
 
 CONTROLS = ("ack_before_fsync", "skip_dir_fsync", "reuse_version", "lease_early", "double_grant")
 
@@ -88,7 +89,7 @@ def _killing_class(base):
         result = original(self, *args)
         reached += 1
         if reached == at:
-            os.write(2, f"ts=- level=WARNING logger=tests.faults.sut event=failpoint point={point} n={at}\n".encode())
+            os.write(2, _log_line(f"event=failpoint point={point} n={at}").encode())
             os.kill(os.getpid(), signal.SIGKILL)
         return result
 
@@ -175,7 +176,14 @@ def install(argv: list[str]) -> None:
 
         queues.QueueTable._deliver = take_live_partitions
     if control:
-        print(f"ts=- level=WARNING logger=tests.faults.sut event=negative_control control={control}", file=sys.stderr)
+        print(_log_line(f"event=negative_control control={control}"), end="", file=sys.stderr)
+
+
+def _log_line(pairs: str) -> str:
+    """A warning line in the server's own logfmt shape, so its log stays one format throughout."""
+    now = time.time()
+    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
+    return f"ts={ts} level=warning logger=tests.faults.sut {pairs}\n"
 
 
 def main() -> int:
