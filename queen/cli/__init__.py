@@ -3,6 +3,7 @@
   serve.py    `queen serve`: settings resolved once (flags over QUEEN_* over defaults), the broker
   auth.py     `queen auth ...`: tokens in an auth file
   check.py    `queen check`: a data directory verified offline, as recovery would
+  backup.py   `queen backup` and `queen restore`: a running server's state into a file, and back
   kv.py       `queen kv ...`
   lock.py     `queen lock ...` and `queen run-locked`
   queue.py    `queen queue ...`
@@ -19,7 +20,7 @@ import argparse
 import sys
 
 from queen import __version__
-from queen.cli import auth, check, kv, lock, output, queue, serve, timer
+from queen.cli import auth, backup, check, kv, lock, output, queue, serve, timer
 from queen.cli.serve import resolve_config
 
 __all__ = ["build_parser", "main", "resolve_config"]
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_parser(commands)
     auth.add_parser(commands)
     check.add_parser(commands)
+    backup.add_parser(commands)
     parents = output.parents()
     for family in (kv, lock, queue, timer):
         family.add_parser(commands, parents)
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
-    if getattr(args, "run", None) is not None:  # serve, auth, check
+    if getattr(args, "run", None) is not None:  # serve, auth, check, backup, restore
         return args.run(args)
     if getattr(args, "handler", None) is not None:
         args.cmd = command

@@ -3,7 +3,10 @@ server and without changing a byte (refused while a server runs on it: its log w
 this reads). Exit status: 0 clean; 1 a torn tail or leftovers recovery would tidy
 (never acknowledged: nothing lost); 3 damaged (a frame that may have been acknowledged would be
 cut and quarantined); 4 recovery would refuse to start (a corrupt log, another format, versions
-exhausted); 2 usage or in use."""
+exhausted); 2 usage or in use.
+
+`queen check --backup FILE` checks a backup file (`queen backup`) instead: 0 whole, 3 damaged (cut
+short, changed), 4 another format, 2 unreadable."""
 
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ def add_parser(commands) -> None:
                     "acknowledged would be cut), 4 recovery would refuse to start, 2 usage or in use.")
     check.add_argument("--data-dir", default=os.environ.get("QUEEN_DATA_DIR", "./queen-data"), metavar="DIR",
                        help="the data directory [env QUEEN_DATA_DIR] (default: ./queen-data)")
+    check.add_argument("--backup", metavar="FILE",
+                       help="check a backup file instead (`queen backup`): 0 whole, 3 damaged, 4 another format")
     check.set_defaults(run=run)
 
 
@@ -37,6 +42,8 @@ class _Findings(logging.Handler):
 
 
 def run(args) -> int:
+    if args.backup is not None:
+        return _check_backup(args.backup)
     if not os.path.isdir(args.data_dir):
         print(f"queen: {args.data_dir} is not a directory", file=sys.stderr)
         return EXIT_USAGE
@@ -51,6 +58,17 @@ def run(args) -> int:
                 return EXIT_USAGE
             return _check(args.data_dir)
     return _check(args.data_dir)
+
+
+def _check_backup(path: str) -> int:
+    from queen.cli.backup import read_checked
+    from queen.cli.output import iso
+
+    status, backup = read_checked(path)
+    if backup is not None:
+        print(f"backup: version {backup.version}, taken {iso(backup.created_ms)} by Queen {backup.server_version}, "
+              f"{len(backup.snapshot)} bytes of snapshot: clean")
+    return status
 
 
 def _check(data_dir: str) -> int:

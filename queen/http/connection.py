@@ -90,6 +90,7 @@ from queen.http.wire import (
     Request,
     Response,
     chunk_bytes_owed,
+    encode_head,
     encode_response,
     error_response,
     parse_simple_request,
@@ -98,6 +99,8 @@ from queen.http.wire import (
 logger = logging.getLogger(__name__)
 
 RECEIVE_BYTES = 65536
+# An answer longer than this is sent in pieces of this size, the send deadline renewed for each.
+SEND_PIECE_BYTES = 1 << 20
 # After an error answer, how long and how much of the rest of a request is read and dropped.
 LINGER_S = 2.0
 LINGER_BYTES_MAX = 16 << 20
@@ -497,12 +500,27 @@ class HttpServer:
                 response.body = b""
             connection.phase = WRITING
             connection.deadline = trio.current_time() + config.send_timeout_s
-            await send_all(encode_response(response, keep_alive))
+            if len(response.body) <= SEND_PIECE_BYTES:
+                await send_all(encode_response(response, keep_alive))
+            else:
+                await self._send_in_pieces(connection, response, keep_alive)
             if not keep_alive:
                 return
             pending, closed = buffer.trailing_data
             if closed and not pending:
                 return
+
+    async def _send_in_pieces(self, connection: _Connection, response: Response, keep_alive: bool) -> None:
+        """A long answer (a backup) goes out a piece at a time, each piece within send_timeout_s, so
+        a client that keeps reading is not cut off because the whole takes longer than that. Its
+        length is known (the body is whole in memory; queen/runtime/backup.py says why that is
+        the simplest correct choice), so it is framed by Content-Length, not chunked."""
+        send_all = connection.io.send_all
+        await send_all(encode_head(response, keep_alive))
+        body = memoryview(response.body)
+        for start in range(0, len(body), SEND_PIECE_BYTES):
+            connection.deadline = trio.current_time() + self.config.send_timeout_s
+            await send_all(body[start:start + SEND_PIECE_BYTES])
 
     async def _handle(self, request: Request) -> Response:
         wants_cbor = request.accept.startswith(b"application/cbor")

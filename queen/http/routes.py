@@ -62,10 +62,11 @@ class Api:
     """The routes, as a table: method and path pattern to handler. Every handler takes the request,
     the path's captured parts and the query parameters, and returns the answer's document."""
 
-    def __init__(self, router, limits: Limits, metrics=None, tenancy: Tenancy | None = None):
+    def __init__(self, router, limits: Limits, metrics=None, tenancy: Tenancy | None = None, backup=None):
         self.router = router
         self.limits = limits
         self.metrics = metrics  # (tenant prefix or None for every tenant) -> the exposition text
+        self.backup = backup  # async () -> (version, the backup file's bytes): queen/runtime/backup.py
         self.tenancy = tenancy if tenancy is not None else Tenancy(router)
         self.gate = Authenticator(None)  # replaced whole when the auth file is read again
         # Exact paths first (the hot ones are looked up in one dict), then patterns in order.
@@ -86,6 +87,7 @@ class Api:
             "/api/v1/resources/queues": {b"GET": (self._queues, READ)},
             "/api/v1/tenant": {b"GET": (self._tenant, READ)},
             "/api/v1/tenants": {b"GET": (self._tenants, SERVER)},
+            "/api/v1/admin/snapshot": {b"GET": (self._snapshot, SERVER)},
             "/api/v1/pause": {b"POST": (self._pause, ADMIN)},
             "/api/v1/resume": {b"POST": (self._pause, ADMIN)},
             "/metrics": {b"GET": (self._metrics, READ)},
@@ -491,6 +493,16 @@ class Api:
         """The operator's view: every tenant the auth file or the data knows."""
         check_params(_query(query), frozenset())
         return {"items": [self._tenant_view(tenant) for tenant in sorted(self._known_tenants())]}
+
+    async def _snapshot(self, request: Request, parts, query):
+        """The whole state at one version, as a backup file (queen/runtime/backup.py) that
+        `queen restore` turns into a data directory. The operator's: it holds every tenant."""
+        check_params(_query(query), frozenset())
+        if self.backup is None:
+            raise NotFound("not_found", "this server takes no backups", {"path": "/api/v1/admin/snapshot"})
+        version, data = await self.backup()
+        audit(request.principal, "snapshot", version=version, bytes=len(data))
+        return Response(200, data, b"application/octet-stream", [(b"queen-snapshot-version", b"%d" % version)])
 
     def _known_tenants(self) -> set[str]:
         """The default tenant, those the auth file names, and any that holds something."""

@@ -268,11 +268,15 @@ _BOTH_FRAMINGS = ("the request has both Content-Length and Transfer-Encoding; se
 
 
 def encode_response(response: Response, keep_alive: bool) -> bytes:
-    body = response.body
+    return encode_head(response, keep_alive) + response.body
+
+
+def encode_head(response: Response, keep_alive: bool) -> bytes:
+    """The status line and headers, up to the blank line that ends them."""
     head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n" % (
-        response.status, _REASONS.get(response.status, b""), response.content_type, len(body))
+        response.status, _REASONS.get(response.status, b""), response.content_type, len(response.body))
     if response.headers:
         head += b"".join(b"%s: %s\r\n" % header for header in response.headers)
     if not keep_alive:
         head += b"connection: close\r\n"
-    return head + b"\r\n" + body
+    return head + b"\r\n"

@@ -15,6 +15,7 @@ import time
 
 import trio
 
+from queen import __version__
 from queen.auth import Authenticator, AuthFile, AuthFileError
 from queen.clock import Clock
 from queen.config import Config, is_loopback
@@ -24,6 +25,7 @@ from queen.http.connection import HttpServer, connection_budget, open_listeners
 from queen.http.routes import Api
 from queen.http.tls import server_context
 from queen.runtime import metrics
+from queen.runtime.backup import take_backup
 from queen.runtime.notify import Notifier
 from queen.runtime.router import Router
 from queen.runtime.shard_actor import ShardActor
@@ -58,6 +60,7 @@ class Server:
         self._stop = trio.Event()
         self._lock_fd: int | None = None
         self._reloads: trio.MemorySendChannel | None = None
+        self._backups = trio.Lock()
         self.reloads_done = 0  # SIGHUPs handled, the failed ones included
 
     def request_shutdown(self) -> None:
@@ -169,7 +172,7 @@ class Server:
         steps = StepRunner(state, writer, clock)
         actors = [ShardActor(i, steps) for i in range(count)]
         router = self.router = Router(actors, steps)
-        api = Api(router, config.limits(), metrics=self.metrics_text)
+        api = Api(router, config.limits(), metrics=self.metrics_text, backup=self.backup)
         send_reload, receive_reload = trio.open_memory_channel(8)
         http = self.http = HttpServer(api, config,
                                       connections_allowed=connection_budget(config.connections_max),
@@ -224,6 +227,12 @@ class Server:
     def _notify_ready(self) -> None:
         if not self._stop.is_set():  # once stopping, the manager is told nothing else
             self.notifier.ready(f"listening on {self.config.host}:{self.port}")
+
+    async def backup(self) -> tuple[int, bytes]:
+        """GET /api/v1/admin/snapshot: (V, a backup of the whole state at version V). One encoded at
+        a time: an encode holds the state's records and their encoding at once, as a checkpoint does."""
+        async with self._backups:
+            return await take_backup(self.state, self.writer, self.router.now_ms(), __version__)
 
     def metrics_text(self, tenant: str | None = None) -> str:
         """Every series, or (tenant) only that tenant's."""

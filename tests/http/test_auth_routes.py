@@ -258,6 +258,7 @@ ROWS = [
     Row("/api/v1/tenant", "GET", READ, lambda n: ("/api/v1/tenant", None),
         lambda b: b["usage"] is None or b["usage"] == {"keys": 0, "bytes": 0, "messages": 0, "timers": 0}),
     Row("/api/v1/tenants", "GET", SERVER, lambda n: ("/api/v1/tenants", None)),
+    Row("/api/v1/admin/snapshot", "GET", SERVER, lambda n: ("/api/v1/admin/snapshot", None)),
     Row("/api/v1/pause", "POST", ADMIN, lambda n: ("/api/v1/pause", {"kv": True, "queues": True}),
         lambda b: b["paused"] == {"kv": True, "queues": True},
         undo=("/api/v1/resume", {"kv": True, "queues": True})),
