@@ -91,12 +91,17 @@ function utc(ms) {
 function relative(ms) {
   const seconds = Math.round((ms - Date.now()) / 1000);
   const size = Math.abs(seconds);
+  if (size === 0) return "now";
   let text;
   if (size < 120) text = size + " s";
-  else if (size < 7200) text = Math.round(size / 60) + " min";
-  else if (size < 172800) text = Math.round(size / 3600) + " h";
-  else text = Math.round(size / 86400) + " days";
-  return seconds >= 0 ? "in " + text : text + " ago";
+  else if (size < 3600) text = Math.floor(size / 60) + " min " + (size % 60) + " s";
+  else if (size < 172800) text = Math.floor(size / 3600) + " h " + Math.floor(size % 3600 / 60) + " min";
+  else text = Math.floor(size / 86400) + " days";
+  return seconds > 0 ? "in " + text : text + " ago";
+}
+
+function plural(count, word) {
+  return count + " " + word + (count === 1 ? "" : "s");
 }
 
 // A time cell: relative (kept current by the ticker below) above the absolute UTC time.
@@ -340,10 +345,11 @@ async function showServer() {
   const operator = info.log !== undefined;
   if (operator) {
     fact(facts, "Data directory", info.dataDir);
-    fact(facts, "Log size", `${bytes(info.log.bytes)} (${info.log.segments} segments, ${info.log.snapshots} snapshots)`);
+    fact(facts, "Log size", `${bytes(info.log.bytes)} on disk (${plural(info.log.segments, "segment")}, ` +
+      `${plural(info.log.snapshots, "snapshot")})`);
     fact(facts, "Log state", info.log.failed ? "FAILED: writes are refused until a restart" : "ok");
     fact(facts, "Fsync latency", `last ${info.fsync.lastMs} ms, recent ${info.fsync.recentMs} ms, ` +
-      `mean ${info.fsync.meanMs} ms over ${info.fsync.frames} frames`);
+      `mean ${info.fsync.meanMs} ms over ${plural(info.fsync.frames, "frame")}`);
     fact(facts, "Connections", `${info.connections.open} open of ${info.connections.max}`);
     fact(facts, "Requests", info.requestsTotal);
   }
