@@ -341,7 +341,7 @@ async function showServer() {
   facts.replaceChildren();
   fact(facts, "Version", info.version);
   fact(facts, "Uptime", duration(info.uptimeSeconds));
-  fact(facts, "Started", timeText(info.startedAt));
+  fact(facts, "Started", utc(info.startedAt));
   const operator = info.log !== undefined;
   if (operator) {
     fact(facts, "Data directory", info.dataDir);

@@ -158,17 +158,18 @@ def test_dashboard_locks_dlq_and_server_in_chromium(tmp_path, browser_page):
         page.click("#tabs >> text=Queues")
         queue_row = page.locator("#queues-rows tr", has_text="orders")
         expect(queue_row.locator("td").nth(5)).to_have_text("1")  # its DLQ count
+        page.screenshot(path=os.path.join(shots, "3-queues.png"), full_page=True)
         queue_row.get_by_role("link", name="orders").click()
         expect(page.locator("#queue-title")).to_have_text("Queue orders")
         dead = page.locator("#dlq-rows tr")
         expect(dead).to_have_count(1)
         expect(dead.locator("td").nth(6)).to_have_text('{"order":42}')
-        page.screenshot(path=os.path.join(shots, "3-queue-dlq.png"), full_page=True)
+        page.screenshot(path=os.path.join(shots, "4-queue-dlq.png"), full_page=True)
         dead.get_by_role("button", name="Requeue").click()
         expect(page.locator("#notice")).to_have_text(
             f"Requeued orders partition {message['partition']} offset {message['offset']}.")
         expect(page.locator("#dlq-empty")).to_be_visible()
-        page.screenshot(path=os.path.join(shots, "4-queue-requeued.png"), full_page=True)
+        page.screenshot(path=os.path.join(shots, "5-queue-requeued.png"), full_page=True)
         assert _ok(call("admin", "GET", "/api/v1/dlq?queue=orders"))["total"] == 0
         [again] = _ok(call("admin", "GET", "/api/v1/pop/queue/orders?batch=1"))["messages"]
         assert (again["offset"], again["data"]) == (message["offset"], {"order": 42}), again
@@ -188,7 +189,7 @@ def test_dashboard_locks_dlq_and_server_in_chromium(tmp_path, browser_page):
         expect(kv_rows.first.locator("td").nth(0)).to_have_text("user/00")
         expect(kv_rows.first.locator("td").nth(1)).to_have_text('"<b>Ada</b>"')
         expect(page.locator("#kv-rows b")).to_have_count(0)
-        page.screenshot(path=os.path.join(shots, "5-kv.png"), full_page=True)
+        page.screenshot(path=os.path.join(shots, "6-kv.png"), full_page=True)
         page.click("#kv-next")
         expect(kv_rows).to_have_count(5)
         expect(kv_rows.last.locator("td").nth(0)).to_have_text("user/24")
@@ -205,7 +206,7 @@ def test_dashboard_locks_dlq_and_server_in_chromium(tmp_path, browser_page):
         page.click("form[data-form=timers] button[type=submit]")
         expect(page.locator("#timers-rows tr")).to_have_count(1)
         expect(page.locator("#timers-rows tr td").nth(0)).to_have_text("reminder/1")
-        page.screenshot(path=os.path.join(shots, "6-timers.png"), full_page=True)
+        page.screenshot(path=os.path.join(shots, "7-timers.png"), full_page=True)
 
         # 5. The Server page: version and uptime for a tenant's admin, the rest for the operator.
         page.click("#tabs >> text=Server")
@@ -222,7 +223,7 @@ def test_dashboard_locks_dlq_and_server_in_chromium(tmp_path, browser_page):
         expect(facts.locator("dt", has_text="Fsync latency")).to_be_visible()
         expect(facts.locator("dd").nth(3)).to_have_text(os.path.abspath(str(tmp_path / "data")))
         expect(page.locator("#server-operator-only")).to_be_hidden()
-        page.screenshot(path=os.path.join(shots, "7-server-operator.png"), full_page=True)
+        page.screenshot(path=os.path.join(shots, "8-server-operator.png"), full_page=True)
 
         assert errors == [], f"the page's script failed: {errors}"
         assert foreign == [], f"the page fetched something from elsewhere: {foreign}"
