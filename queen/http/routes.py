@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qs, unquote
 
+from queen import __version__
 from queen.auth import ADMIN, OPEN, READ, SERVER, WRITE, Authenticator, Forbidden, require
 from queen.core import tenants
 from queen.core.kv import (
@@ -46,6 +47,7 @@ from queen.core.timer_ops import parse_timer_ops
 from queen.errors import BadRequest, QueenError
 from queen.http import queen_mq
 from queen.http.codec import CBOR, decode_body, encode_body
+from queen.http.dashboard import load_assets
 from queen.http.tenancy import AREAS, KV, QUEUES, Tenancy, audit
 from queen.http.wire import Request, Response
 
@@ -62,11 +64,14 @@ class Api:
     """The routes, as a table: method and path pattern to handler. Every handler takes the request,
     the path's captured parts and the query parameters, and returns the answer's document."""
 
-    def __init__(self, router, limits: Limits, metrics=None, tenancy: Tenancy | None = None, backup=None):
+    def __init__(self, router, limits: Limits, metrics=None, tenancy: Tenancy | None = None, backup=None,
+                 server_info=None):
         self.router = router
         self.limits = limits
         self.metrics = metrics  # (tenant prefix or None for every tenant) -> the exposition text
         self.backup = backup  # async () -> (version, the backup file's bytes): queen/runtime/backup.py
+        self.server_info = server_info  # async (operator: bool) -> /api/v1/server's document
+        self.assets = load_assets()  # the dashboard's files, by path
         self.tenancy = tenancy if tenancy is not None else Tenancy(router)
         self.gate = Authenticator(None)  # replaced whole when the auth file is read again
         # Exact paths first (the hot ones are looked up in one dict), then patterns in order.
@@ -90,6 +95,7 @@ class Api:
             "/api/v1/admin/snapshot": {b"GET": (self._snapshot, SERVER)},
             "/api/v1/pause": {b"POST": (self._pause, ADMIN)},
             "/api/v1/resume": {b"POST": (self._pause, ADMIN)},
+            "/api/v1/server": {b"GET": (self._server, READ)},
             "/metrics": {b"GET": (self._metrics, READ)},
         }
         self.patterns: list[tuple[re.Pattern, dict[bytes, tuple]]] = [
@@ -120,6 +126,12 @@ class Api:
             if path == "/healthz" or path == "/health":  # /health: the Queen MQ client's spelling; no token
                 _allow(method, b"GET")
                 return self._health(request)
+            if path == "/" or path.startswith("/dashboard/"):  # the dashboard's files: no data, no token
+                _allow(method, b"GET")
+                asset = self.assets.get(path)
+                if asset is None:
+                    raise NotFound("not_found", f"no dashboard file {path}", {"path": path[:200]})
+                return asset
             for pattern, candidates in self.patterns:
                 match = pattern.fullmatch(path)
                 if match is not None:
@@ -457,6 +469,16 @@ class Api:
         result = await self.router.delete_group_everywhere(group, request.principal.prefix)
         audit(request.principal, "group_delete", queue="*", group=group)
         return result
+
+    # -- the server --------------------------------------------------------------------------------
+
+    async def _server(self, request: Request, parts, query):
+        """Version and uptime for any caller; the log, fsync latency, connections and data
+        directory only for the operator (they are the whole server's, not a tenant's)."""
+        check_params(_query(query), frozenset())
+        if self.server_info is None:
+            return {"version": __version__}
+        return await self.server_info(request.principal.operator)
 
     # -- tenants -------------------------------------------------------------------------------------
 

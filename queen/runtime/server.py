@@ -34,6 +34,7 @@ from queen.runtime.ticker import tick_forever
 from queen.wal.disk import Disk
 from queen.wal.disk_thread import DiskThread
 from queen.wal.recovery import recover
+from queen.wal.segment import list_dir
 from queen.wal.writer import WalWriter
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Server:
         self._lock_fd: int | None = None
         self._reloads: trio.MemorySendChannel | None = None
         self._backups = trio.Lock()
+        self.started_at_ms = 0  # the server's clock when it started: its uptime's origin
         self.reloads_done = 0  # SIGHUPs handled, the failed ones included
 
     def request_shutdown(self) -> None:
@@ -147,6 +149,7 @@ class Server:
         # the start at once (TlsSetupError, naming the file).
         tls_context = server_context(config.tls_cert, config.tls_key) if config.tls_cert else None
         clock = Clock(self.wall_at_start_ms)
+        self.started_at_ms = clock.now_ms()
         count = config.shard_count
         state = self.state = State(count, clock.now_ms(), limits=config.limits())
 
@@ -172,7 +175,7 @@ class Server:
         steps = StepRunner(state, writer, clock)
         actors = [ShardActor(i, steps) for i in range(count)]
         router = self.router = Router(actors, steps)
-        api = Api(router, config.limits(), metrics=self.metrics_text, backup=self.backup)
+        api = Api(router, config.limits(), metrics=self.metrics_text, backup=self.backup, server_info=self.server_info)
         send_reload, receive_reload = trio.open_memory_channel(8)
         http = self.http = HttpServer(api, config,
                                       connections_allowed=connection_budget(config.connections_max),
@@ -234,6 +237,29 @@ class Server:
         async with self._backups:
             return await take_backup(self.state, self.writer, self.router.now_ms(), __version__)
 
+    async def server_info(self, operator: bool) -> dict:
+        """GET /api/v1/server: version and uptime; for the operator also the log's size on disk,
+        recent fsync latency, connections and the data directory."""
+        now_ms = self.router.now_ms()
+        document = {"version": __version__, "startedAt": self.started_at_ms,
+                    "uptimeSeconds": round((now_ms - self.started_at_ms) / 1000, 3)}
+        if not operator:
+            return document
+        wal, http = self.writer.statistics(), self.http.statistics()
+        run_blocking = self.run_blocking or trio.to_thread.run_sync  # a directory listing: off the loop
+        log_bytes, segments, snapshots = await run_blocking(_log_on_disk, self.config.data_dir)
+        document.update(
+            dataDir=os.path.abspath(self.config.data_dir),
+            log={"bytes": log_bytes, "segments": segments, "snapshots": snapshots,
+                 "durableVersion": wal.durable_version, "failed": wal.failed},
+            fsync={"lastMs": round(wal.fsync_last_seconds * 1000, 3),
+                   "recentMs": round(wal.fsync_recent_seconds * 1000, 3),
+                   "meanMs": round(wal.fsync_seconds_total * 1000 / wal.batches, 3) if wal.batches else 0.0,
+                   "frames": wal.batches},
+            connections={"open": http.connections, "max": http.connections_allowed},
+            requestsTotal=http.requests_total)
+        return document
+
     def metrics_text(self, tenant: str | None = None) -> str:
         """Every series, or (tenant) only that tenant's."""
         now_ms = self.router.now_ms()
@@ -248,3 +274,16 @@ class Server:
                               [shard.queues.statistics(now_ms) for shard in shards],
                               [shard.queues.timers.statistics() for shard in shards], tenant_rows, tenant,
                               [shard.locks.statistics() for shard in shards])
+
+
+def _log_on_disk(data_dir: str) -> tuple[int, int, int]:
+    """(bytes, segments, snapshots) of the log's files: segments are allocated whole when created,
+    so their size is what they take on disk."""
+    segments, snapshots = list_dir(os.listdir(data_dir))
+    total = 0
+    for name in [*segments.values(), *snapshots.values()]:
+        try:
+            total += os.stat(os.path.join(data_dir, name)).st_size
+        except FileNotFoundError:  # a snapshot replaced it meanwhile
+            pass
+    return total, len(segments), len(snapshots)

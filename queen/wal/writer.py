@@ -70,6 +70,8 @@ class WalStatistics:
     failed: bool  # a write or fsync failed (or a step did): writes are refused until a restart
     durable_version: int
     ceiling: int
+    fsync_last_seconds: float = 0.0  # write + fsync of the last frame
+    fsync_recent_seconds: float = 0.0  # their moving mean, recent frames weighing most
 
 
 class WalWriter:
@@ -85,6 +87,7 @@ class WalWriter:
         self._inline_allowed = inline_allowed
         self._inline = inline_allowed
         self._fsync_mean_s = 0.0
+        self.fsync_last_s = 0.0
         self.durable_version = durable_version
         self.ceiling = ceiling  # the highest ceiling on disk
         self.failed: Exception | None = None  # a write or fsync error, or a step that failed
@@ -117,7 +120,7 @@ class WalWriter:
     def statistics(self) -> WalStatistics:
         return WalStatistics(self.batches, self.records_written, self.bytes_written, self.fsync_seconds_total,
                              self.inline_commits, self.snapshots_written, self.failed is not None,
-                             self.durable_version, self.ceiling)
+                             self.durable_version, self.ceiling, self.fsync_last_s, self._fsync_mean_s)
 
     # -- called by whoever applied a step, synchronously --------------------------------------------
 
@@ -271,6 +274,7 @@ class WalWriter:
         self.disk.fsync(self._fd)
         elapsed = time.perf_counter() - started
         self.ceiling = ceiling
+        self.fsync_last_s = elapsed
         self._fsync_mean_s += (elapsed - self._fsync_mean_s) * _EWMA_WEIGHT
         self.fsync_seconds_total += elapsed
         self.batches += 1

@@ -264,6 +264,8 @@ ROWS = [
         undo=("/api/v1/resume", {"kv": True, "queues": True})),
     Row("/api/v1/resume", "POST", ADMIN, lambda n: ("/api/v1/resume", {"kv": True, "queues": True}),
         lambda b: b["paused"] == {"kv": False, "queues": False}),
+    Row("/api/v1/server", "GET", READ, lambda n: ("/api/v1/server", None),
+        lambda b: set(b) == {"version", "startedAt", "uptimeSeconds"}),  # the server's own figures: operator only
     Row("/metrics", "GET", READ, lambda n: ("/metrics", None),
         lambda b: b'queue="orders"' not in b and b'tenant="acme"' not in b),
 ]

@@ -54,7 +54,8 @@ def queue_summaries(queues: dict[str, Queue], timers: TimerTable, tenant: str, p
         pending, in_flight, dlq = group_counts(queue, None, now_ms)
         out.append({"queue": shown(name), "createdAt": queue.created_at_ms, "partitions": len(queue.partitions),
                     "messages": queue.messages, "pending": pending, "inFlight": in_flight, "dlq": dlq,
-                    "timers": len(timers.pending.get(name, ())), "groups": sorted(queue.groups)})
+                    "timers": len(timers.pending.get(name, ())), "groups": sorted(queue.groups),
+                    "oldestPendingAt": oldest_unfinished_at(queue, None)})
     return out
 
 
@@ -67,7 +68,8 @@ def queue_info(queues: dict[str, Queue], timers: TimerTable, name: str, now_ms: 
         pending, in_flight, dlq = group_counts(queue, group.name, now_ms)
         leases = sum(1 for lease in group.leases.values() if lease.expires_at_ms > now_ms and lease.held)
         groups.append({"consumerGroup": group.name, "subscriptionMode": group.mode, "joinedAt": group.joined_at_ms,
-                       "pending": pending, "inFlight": in_flight, "dlq": dlq, "leases": leases})
+                       "pending": pending, "inFlight": in_flight, "dlq": dlq, "leases": leases,
+                       "oldestPendingAt": oldest_unfinished_at(queue, group.name)})
     return {"found": True, "queue": shown(name), "createdAt": queue.created_at_ms, "options": dict(queue.options),
             "partitions": len(queue.partitions), "messages": queue.messages, "bytes": queue.bytes,
             "timers": timers.summary(name), "groups": groups}
@@ -156,14 +158,26 @@ def gauges(queues: dict[str, Queue], now_ms: int) -> list[tuple[str, str, str, i
 
 
 def _oldest_unfinished_age_ms(queue: Queue, group: str, now_ms: int) -> int:
-    oldest = now_ms
+    oldest = oldest_unfinished_at(queue, group)
+    return 0 if oldest is None else max(0, now_ms - oldest)
+
+
+def oldest_unfinished_at(queue: Queue, group: str | None) -> int | None:
+    """When the oldest message the group (None: any group) has not finished, pending or in flight,
+    was pushed; None when there is none. A queue no group reads yet: its oldest message."""
+    oldest = None
     for partition in queue.partitions.values():
-        state = partition.groups[group]
-        if state.unresolved(partition.next_offset) > 0:
-            packed = partition.messages.get(state.floor)  # the floor is the lowest offset not resolved
-            if packed is not None:
-                oldest = min(oldest, created_at(packed))
-    return max(0, now_ms - oldest)
+        if group is None and not partition.groups:
+            packed = partition.messages.get(partition.first_offset())
+            if packed is not None and (oldest is None or created_at(packed) < oldest):
+                oldest = created_at(packed)
+        states = partition.groups.values() if group is None else (partition.groups[group],)
+        for state in states:
+            if state.unresolved(partition.next_offset) > 0:
+                packed = partition.messages.get(state.floor)  # the floor is the lowest offset not resolved
+                if packed is not None and (oldest is None or created_at(packed) < oldest):
+                    oldest = created_at(packed)
+    return oldest
 
 
 def _encode_dlq_cursor(key: tuple) -> str:
