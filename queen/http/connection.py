@@ -71,6 +71,7 @@ import logging
 import resource
 import socket
 import ssl
+import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -79,6 +80,7 @@ import trio
 
 from queen.config import Config
 from queen.errors import QueenError
+from queen.histogram import RequestSeries
 from queen.http.tls import TlsSetupError, server_context
 from queen.http.wire import (
     INTERNAL,
@@ -237,6 +239,9 @@ class HttpServer:
         self.idle_closed = 0
         self.parks_ended = 0  # parked calls answered early to make room for a new connection
         self.timeouts = 0
+        # Requests the app's routes did not claim (no route matched), as one series: a raw path is
+        # never a label.
+        self.unmatched = RequestSeries("unmatched", "")
         self.draining = False
         self._idle_event = trio.Event()
         self._open: set[_Connection] = set()
@@ -485,12 +490,14 @@ class HttpServer:
             request.answer_now = answer_now
             self.requests_in_flight += 1
             self.requests_total += 1
+            started = time.perf_counter()
             try:
                 response = await self._handle(request)
             finally:
                 self.requests_in_flight -= 1
                 if not self.requests_in_flight:
                     self._idle_event.set()
+            (request.route or self.unmatched).observe(response.status, time.perf_counter() - started)
             # A connection that gave its place to a new one closes after this answer.
             keep_alive = request.keep_alive and not self.draining and not connection.evicted
             if request.method == b"HEAD":
