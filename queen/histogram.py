@@ -94,11 +94,12 @@ class RequestSeries:
         self.by_status: dict[int, Histogram] = {}
 
     def observe(self, status: int, seconds: float) -> None:
-        histogram = self.by_status.get(status)
-        if histogram is None:
-            histogram = self.by_status[status] = Histogram(REQUEST_SECONDS)
-        histogram.counts[bisect_left(REQUEST_SECONDS, seconds)] += 1
-        histogram.sum += seconds
+        """The HTTP layer does this inline (queen/http/connection.py)."""
+        (self.by_status.get(status) or self.add(status)).observe(seconds)
+
+    def add(self, status: int) -> Histogram:
+        histogram = self.by_status[status] = Histogram(REQUEST_SECONDS)
+        return histogram
 
 
 def _bound(bound) -> str:

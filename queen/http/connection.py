@@ -72,6 +72,7 @@ import resource
 import socket
 import ssl
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
 from functools import partial
 
@@ -80,7 +81,7 @@ import trio
 
 from queen.config import Config
 from queen.errors import QueenError
-from queen.histogram import RequestSeries
+from queen.histogram import REQUEST_SECONDS, RequestSeries
 from queen.http.tls import TlsSetupError, server_context
 from queen.http.wire import (
     INTERNAL,
@@ -497,7 +498,12 @@ class HttpServer:
                 self.requests_in_flight -= 1
                 if not self.requests_in_flight:
                     self._idle_event.set()
-            (request.route or self.unmatched).observe(response.status, time.perf_counter() - started)
+            # RequestSeries.observe written out: a call frame is a third of its cost (~0.2 us of ~0.5).
+            seconds = time.perf_counter() - started
+            series = request.route or self.unmatched
+            histogram = series.by_status.get(response.status) or series.add(response.status)
+            histogram.counts[bisect_left(REQUEST_SECONDS, seconds)] += 1
+            histogram.sum += seconds
             # A connection that gave its place to a new one closes after this answer.
             keep_alive = request.keep_alive and not self.draining and not connection.evicted
             if request.method == b"HEAD":
