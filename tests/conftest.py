@@ -93,3 +93,6 @@ def pytest_terminal_summary(terminalreporter):
     if shutil.which("openssl") is None:
         terminalreporter.write_line("SKIPPED: the TLS tests need the openssl command to make throwaway certificates "
                                     "(apt-get install openssl; .ci/run does it)", red=True, bold=True)
+    if shutil.which("promtool") is None:
+        terminalreporter.write_line("SKIPPED LOUDLY: promtool is not installed: /metrics and ops/queen-alerts.yml were not "
+                                    "checked by it (apt-get install prometheus; .ci/run does it)", red=True, bold=True)

@@ -50,6 +50,7 @@ from queen.core.queue_ops import PushItem
 from queen.core.tenants import shown
 from queen.core.timer_ops import TimerList, TimerOp
 from queen.core.wheel import TICK_MS
+from queen.histogram import TIMER_LATE_SECONDS, Histogram, HistogramSnapshot
 
 # at_ms, version, scheduled_at_ms, bytes of the partition name, of the producer id (-1: none), of
 # the trace id (-1: none); then those three (UTF-8) and the payload's JSON encoding. Snapshots store
@@ -108,16 +109,18 @@ class TimerStatistics:
     pending: int
     fired: int
     fire_duplicates: int  # fires that appended nothing: their producer id was known in the partition
-    late_ms_total: int
+    late: HistogramSnapshot  # seconds each fire came after its due time
     late_ms_max: int
+    pending_by_queue: list[tuple[str, int]]  # (stored queue name, its pending timers)
 
 
 class TimerStats:
-    __slots__ = ("scheduled", "cancelled", "fired", "fire_duplicates", "late_ms_total", "late_ms_max")
+    __slots__ = ("scheduled", "cancelled", "fired", "fire_duplicates", "late", "late_ms_max")
 
     def __init__(self):
         self.scheduled = self.cancelled = self.fired = self.fire_duplicates = 0
-        self.late_ms_total = self.late_ms_max = 0
+        self.late = Histogram(TIMER_LATE_SECONDS)
+        self.late_ms_max = 0
 
 
 class QueueSink(Protocol):
@@ -152,7 +155,8 @@ class TimerTable:
 
     def statistics(self) -> TimerStatistics:
         stats = self.stats
-        return TimerStatistics(self.count, stats.fired, stats.fire_duplicates, stats.late_ms_total, stats.late_ms_max)
+        return TimerStatistics(self.count, stats.fired, stats.fire_duplicates, stats.late.snapshot(), stats.late_ms_max,
+                               [(queue, len(timers)) for queue, timers in self.pending.items() if timers])
 
     # ------------------------------------------------------------------------------------------
     # Operations.
@@ -324,7 +328,7 @@ class TimerTable:
         if result["status"] == "duplicate":
             stats.fire_duplicates += 1
         late_ms = now_ms - at_ms
-        stats.late_ms_total += late_ms
+        stats.late.observe(late_ms / 1000)
         stats.late_ms_max = max(stats.late_ms_max, late_ms)
 
     # ------------------------------------------------------------------------------------------

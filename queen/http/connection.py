@@ -71,6 +71,8 @@ import logging
 import resource
 import socket
 import ssl
+import time
+from bisect import bisect_left
 from dataclasses import dataclass
 from functools import partial
 
@@ -79,6 +81,7 @@ import trio
 
 from queen.config import Config
 from queen.errors import QueenError
+from queen.histogram import REQUEST_SECONDS, RequestSeries
 from queen.http.tls import TlsSetupError, server_context
 from queen.http.wire import (
     INTERNAL,
@@ -240,6 +243,9 @@ class HttpServer:
         self.idle_closed = 0
         self.parks_ended = 0  # parked calls answered early to make room for a new connection
         self.timeouts = 0
+        # Requests the app's routes did not claim (no route matched), as one series: a raw path is
+        # never a label.
+        self.unmatched = RequestSeries("unmatched", "")
         self.draining = False
         self._idle_event = trio.Event()
         self._open: set[_Connection] = set()
@@ -488,12 +494,19 @@ class HttpServer:
             request.answer_now = answer_now
             self.requests_in_flight += 1
             self.requests_total += 1
+            started = time.perf_counter()
             try:
                 response = await self._handle(request)
             finally:
                 self.requests_in_flight -= 1
                 if not self.requests_in_flight:
                     self._idle_event.set()
+            # RequestSeries.observe written out: a call frame is a third of its cost (~0.2 us of ~0.5).
+            seconds = time.perf_counter() - started
+            series = request.route or self.unmatched
+            histogram = series.by_status.get(response.status) or series.add(response.status)
+            histogram.counts[bisect_left(REQUEST_SECONDS, seconds)] += 1
+            histogram.sum += seconds
             # A connection that gave its place to a new one closes after this answer.
             keep_alive = request.keep_alive and not self.draining and not connection.evicted
             if request.method == b"HEAD":

@@ -45,6 +45,7 @@ from queen.core.queue_ops import (
 )
 from queen.core.timer_ops import parse_timer_ops
 from queen.errors import BadRequest, QueenError
+from queen.histogram import RequestSeries
 from queen.http import queen_mq
 from queen.http.codec import CBOR, decode_body, encode_body
 from queen.http.dashboard import load_assets
@@ -115,6 +116,25 @@ class Api:
                                                           b"DELETE": (self._timer_one, WRITE)}),
             (re.compile(r"/api/v1/timers/([^/]+)"), {b"GET": (self._timer_page, READ)}),
         ]
+        # Each (route, method) counts its answers in a series of its own (/metrics), labelled by the
+        # route's template, never the raw path: the labels stay as few as the routes.
+        self.request_series: list[RequestSeries] = []
+        self.exact = {path: self._counted(path, handlers) for path, handlers in self.exact.items()}
+        self.patterns = [(pattern, self._counted(_TEMPLATES[pattern.pattern], handlers))
+                         for pattern, handlers in self.patterns]
+        self._health_series = {path: self._series(path, "GET") for path in ("/healthz", "/health")}
+        self._kv_page_series = self._series("/api/v1/kv/{ns}", "GET")
+        self._kv_incr_series = self._series("/api/v1/kv/{ns}/{key}/incr", "POST")
+        self._dashboard_series = self._series("/dashboard/{file}", "GET")  # "/" included
+
+    def _series(self, route: str, method: str) -> RequestSeries:
+        series = RequestSeries(route, method)
+        self.request_series.append(series)
+        return series
+
+    def _counted(self, route: str, handlers: dict[bytes, tuple]) -> dict[bytes, tuple]:
+        """handlers, each (handler, level) given its series: (handler, level, series)."""
+        return {method: (*entry, self._series(route, method.decode())) for method, entry in handlers.items()}
 
     async def handle(self, request: Request) -> Response:
         target = request.target.decode("latin-1")
@@ -125,12 +145,14 @@ class Api:
         if handlers is None:
             if path == "/healthz" or path == "/health":  # /health: the Queen MQ client's spelling; no token
                 _allow(method, b"GET")
+                request.route = self._health_series[path]
                 return self._health(request)
             if path == "/" or path.startswith("/dashboard/"):  # the dashboard's files: no data, no token
                 _allow(method, b"GET")
                 asset = self.assets.get(path)
                 if asset is None:
                     raise NotFound("not_found", f"no dashboard file {path}", {"path": path[:200]})
+                request.route = self._dashboard_series
                 return asset
             for pattern, candidates in self.patterns:
                 match = pattern.fullmatch(path)
@@ -149,7 +171,7 @@ class Api:
             names = sorted(m.decode() for m in handlers)
             raise MethodNotAllowed("method_not_allowed", f"{method.decode()} is not allowed here; use {' or '.join(names)}",
                                    {"allow": names})
-        handler, level = entry
+        handler, level, request.route = entry
         if principal.level < level:
             raise Forbidden(principal, level)
         document = await handler(request, parts, query)
@@ -193,6 +215,7 @@ class Api:
         if not slash or not key_raw:
             # GET /api/v1/kv/{ns}?prefix=&cursor=&limit= : one page of keys.
             _allow(method, b"GET")
+            request.route = self._kv_page_series
             raw = {"op": "getPrefix", "ns": ns, "prefix": params.get("prefix", "")}
             if "cursor" in params:
                 raw["cursor"] = params["cursor"]
@@ -202,6 +225,7 @@ class Api:
         if method == b"POST":
             if not key_raw.endswith("/incr"):
                 raise MethodNotAllowed("method_not_allowed", "POST on a key is only .../incr", {"allow": ["GET", "PUT", "DELETE"]})
+            request.route = self._kv_incr_series
             raw = self._body_object(request, required=False, allowed=_INCR_BODY)
             raw.update(op="incr", ns=ns, key=unquote(key_raw[:-len("/incr")]))
             return await self._one(request, raw)
@@ -596,6 +620,19 @@ class Api:
         return queen_mq.kv_answers(await self.router.run_kv([op], writes))[0]
 
 
+# The label each pattern's requests are counted under (/metrics).
+_TEMPLATES = {
+    r"/api/v1/kv/(.+)": "/api/v1/kv/{ns}/{key}",
+    r"/api/v1/pop/queue/([^/]+)": "/api/v1/pop/queue/{queue}",
+    r"/api/v1/pop/queue/([^/]+)/partition/([^/]+)": "/api/v1/pop/queue/{queue}/partition/{partition}",
+    r"/api/v1/lease/([^/]+)/(extend|release)": "/api/v1/lease/{lease}/{action}",
+    r"/api/v1/resources/queues/([^/]+)": "/api/v1/resources/queues/{queue}",
+    r"/api/v1/resources/queues/([^/]+)/partitions": "/api/v1/resources/queues/{queue}/partitions",
+    r"/api/v1/consumer-groups/([^/]+)/queues/([^/]+)": "/api/v1/consumer-groups/{group}/queues/{queue}",
+    r"/api/v1/consumer-groups/([^/]+)": "/api/v1/consumer-groups/{group}",
+    r"/api/v1/timers/([^/]+)/(.+)": "/api/v1/timers/{queue}/{key}",
+    r"/api/v1/timers/([^/]+)": "/api/v1/timers/{queue}",
+}
 _KV_GROWS = frozenset(("put", "putIfAbsent", "incr"))
 _PAUSE_BODY = frozenset(("kv", "queues", "tenant"))
 

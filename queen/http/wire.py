@@ -32,7 +32,7 @@ _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 
 class Request:
     __slots__ = ("method", "target", "content_type", "accept", "body", "keep_alive", "wait_gone", "answer_now",
-                 "authorization", "principal")
+                 "authorization", "principal", "route")
 
     def __init__(self, method: bytes, target: bytes, content_type: bytes, accept: bytes, body: bytes,
                  keep_alive: bool = True, authorization: bytes = b""):
@@ -48,6 +48,9 @@ class Request:
         self.answer_now = None
         self.authorization = authorization  # the Authorization header's value, b"" when absent
         self.principal = None  # who is calling (queen/auth.py), set by the routes before a handler runs
+        # The route's RequestSeries (queen/histogram.py) the answer is counted in, set by the routes
+        # once the path matched one; None: counted as unmatched.
+        self.route = None
 
 
 class Response:

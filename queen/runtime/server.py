@@ -273,7 +273,9 @@ class Server:
         return metrics.render(self.http.statistics(), self.writer.statistics(), self.state.row_count(),
                               [shard.queues.statistics(now_ms) for shard in shards],
                               [shard.queues.timers.statistics() for shard in shards], tenant_rows, tenant,
-                              [shard.locks.statistics() for shard in shards])
+                              [shard.locks.statistics() for shard in shards],
+                              [*self.http.app.request_series, self.http.unmatched],
+                              metrics.process_statistics() if tenant is None else None)
 
 
 def _log_on_disk(data_dir: str) -> tuple[int, int, int]:

@@ -42,6 +42,7 @@ import trio
 from queen.core import records as rec
 from queen.core.kv import VERSION_MAX
 from queen.errors import Unavailable
+from queen.histogram import FRAME_BYTES, FSYNC_SECONDS, Histogram, HistogramSnapshot
 from queen.wal.disk import Disk
 from queen.wal.frame import encode_frame, file_header
 from queen.wal.segment import CEILING_BLOCK, list_dir, segment_name, snapshot_name
@@ -70,6 +71,9 @@ class WalStatistics:
     failed: bool  # a write or fsync failed (or a step did): writes are refused until a restart
     durable_version: int
     ceiling: int
+    fsync_seconds: HistogramSnapshot  # each frame's write + fsync
+    frame_bytes: HistogramSnapshot  # each frame's size
+    bytes_since_snapshot: int  # log written since the last snapshot began: what recovery replays
     fsync_last_seconds: float = 0.0  # write + fsync of the last frame
     fsync_recent_seconds: float = 0.0  # their moving mean, recent frames weighing most
 
@@ -116,11 +120,17 @@ class WalWriter:
         self.fsync_seconds_total = 0.0
         self.snapshots_written = 0
         self.inline_commits = 0
+        # Observed in _commit, where the fsync is timed anyway; it runs in the disk thread too, but
+        # only one commit runs at a time and /metrics reads a copy.
+        self.fsync_histogram = Histogram(FSYNC_SECONDS)
+        self.frame_histogram = Histogram(FRAME_BYTES)
 
     def statistics(self) -> WalStatistics:
         return WalStatistics(self.batches, self.records_written, self.bytes_written, self.fsync_seconds_total,
                              self.inline_commits, self.snapshots_written, self.failed is not None,
-                             self.durable_version, self.ceiling, self.fsync_last_s, self._fsync_mean_s)
+                             self.durable_version, self.ceiling, self.fsync_histogram.snapshot(),
+                             self.frame_histogram.snapshot(), self._bytes_since_snapshot, self.fsync_last_s,
+                             self._fsync_mean_s)
 
     # -- called by whoever applied a step, synchronously --------------------------------------------
 
@@ -277,6 +287,8 @@ class WalWriter:
         self.fsync_last_s = elapsed
         self._fsync_mean_s += (elapsed - self._fsync_mean_s) * _EWMA_WEIGHT
         self.fsync_seconds_total += elapsed
+        self.fsync_histogram.observe(elapsed)
+        self.frame_histogram.observe(len(data))
         self.batches += 1
         self.records_written += last_version - first_version + 1 if last_version else 0
         self.bytes_written += len(data)
