@@ -12,6 +12,8 @@ import logging
 import os
 import sys
 
+from queen.cli.serve import server_dependencies_missing
+
 EXIT_CLEAN, EXIT_TIDIED, EXIT_USAGE, EXIT_DAMAGED, EXIT_REFUSED = 0, 1, 2, 3, 4
 
 
@@ -54,10 +56,13 @@ def run(args) -> int:
 
 
 def _check(data_dir: str) -> int:
-    from queen.core.state import State
-    from queen.errors import CorruptLog, RefusedToStart
-    from queen.wal.disk import DryDisk
-    from queen.wal.recovery import recover
+    try:
+        from queen.core.state import State
+        from queen.errors import CorruptLog, RefusedToStart
+        from queen.wal.disk import DryDisk
+        from queen.wal.recovery import recover
+    except ModuleNotFoundError as missing:
+        return server_dependencies_missing("check", missing)
 
     disk, findings = DryDisk(), _Findings()
     wal_logger = logging.getLogger("queen.wal")
