@@ -92,10 +92,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _sdk_warnings_to_stderr() -> logging.Handler:
     """The SDK logs through the `queen_client` logger with only a NullHandler, as a library does;
-    a command shows its warnings (a broker waited for, a lock or lease lost, a retry) on stderr, one
-    line each, as they would show without it."""
+    a command shows its warnings (a broker waited for, a lock or lease lost) on stderr, one line
+    each. Not the transport's retries: a command's call ends in its answer or its one error line."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
+    handler.addFilter(lambda record: record.name != "queen_client._http")
     logging.getLogger("queen_client").addHandler(handler)
     return handler
 

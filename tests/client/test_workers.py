@@ -163,7 +163,7 @@ def test_sigterm_releases_what_a_worker_holds_to_the_next_at_once_with_retry_cou
 def test_an_idle_sync_worker_exits_on_ctrl_c_at_once_with_one_line(tmp_path):
     """Ctrl-C while a SyncClient worker waits in a parked pop (wait 30 s): it ends the pop and
     exits with 130 and one line, no traceback, long before the pop's wait would have run out."""
-    script = ("import queen\n"
+    script = ("import queen_client\n"
               "with queen_client.SyncClient(URL) as client:\n"
               "    client.queue('idle').push('first')\n"
               "    client.queue('idle').process(lambda m: print('handled', m.data, flush=True), wait='30s')\n")
