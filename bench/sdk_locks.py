@@ -1,4 +1,4 @@
-"""The lock handle's overhead: acquire+release cycles per second through the SDK (`queen.Client`,
+"""The lock handle's overhead: acquire+release cycles per second through the SDK (`queen_client.Client`,
 a handle per worker) against raw HTTP (pre-built JSON on h11 keep-alive connections), with the
 same number of connections and workers, against one fresh `queen serve`.
 
@@ -25,7 +25,7 @@ import anyio
 import h11
 import orjson
 
-import queen
+import queen_client
 from queen.testing import ServerProcess
 
 RAW = "raw HTTP (trio+h11)"
@@ -74,10 +74,10 @@ async def raw_cycles(port: int, connections: int, duration_s: float) -> int:
 
 
 async def sdk_cycles(url: str, connections: int, duration_s: float) -> int:
-    """Acquire+release cycles through `queen.Client` handles, as many workers as connections."""
+    """Acquire+release cycles through `queen_client.Client` handles, as many workers as connections."""
     counts = [0] * connections
     stop_at = anyio.current_time() + duration_s
-    async with queen.Client(url, connections_max=connections) as client:
+    async with queen_client.Client(url, connections_max=connections) as client:
         async def worker(index: int) -> None:
             lock = client.lock(f"sdk-{index}-{anyio.current_time()}", ttl="30s")
             while anyio.current_time() < stop_at:

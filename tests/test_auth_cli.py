@@ -11,7 +11,7 @@ import sys
 import anyio
 import pytest
 
-import queen
+import queen_client
 from queen.testing import ServerProcess
 
 QUEEN = [sys.executable, "-m", "queen"]
@@ -78,15 +78,15 @@ def test_the_sdk_takes_a_token_and_raises_auth_errors(secured):
     server, _, secrets = secured
 
     async def main():
-        async with queen.Client(server.url, token=secrets["writer"]) as client:
+        async with queen_client.Client(server.url, token=secrets["writer"]) as client:
             await client.kv.put("app", "sdk", {"n": 1}, forever=True)
             assert (await client.kv.get("app", "sdk")).value == {"n": 1}
-        async with queen.Client(server.url, token=secrets["reader"]) as client:
-            with pytest.raises(queen.AuthError) as refused:
+        async with queen_client.Client(server.url, token=secrets["reader"]) as client:
+            with pytest.raises(queen_client.AuthError) as refused:
                 await client.kv.put("app", "sdk", 2, forever=True)
             assert refused.value.status == 403 and refused.value.code == "forbidden"
-        async with queen.Client(server.url, token="queen_aaaaaaaaaaaa_not-a-real-secret") as client:
-            with pytest.raises(queen.AuthError) as refused:
+        async with queen_client.Client(server.url, token="queen_aaaaaaaaaaaa_not-a-real-secret") as client:
+            with pytest.raises(queen_client.AuthError) as refused:
                 await client.kv.get("app", "sdk")
             assert refused.value.status == 401
 

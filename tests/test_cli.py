@@ -180,10 +180,10 @@ def test_killing_the_server_stops_the_command_within_the_lifetime(tmp_path):
 
 CRON = textwrap.dedent("""
     import os, sys
-    import queen
+    import queen_client
 
     period, log = sys.argv[1], sys.argv[2]
-    with queen.SyncClient() as client:
+    with queen_client.SyncClient() as client:
         lock = client.lock("nightly-report", ttl="30s")
         try:
             with lock.hold():
@@ -192,7 +192,7 @@ CRON = textwrap.dedent("""
                 with open(log, "a") as f:
                     f.write(f"{period}:{os.getpid()}\\n")
                 client.transaction().guard(lock).kv.put("cron", f"nightly-report:{period}", "done", ttl="7d").commit()
-        except queen.LockNotAcquired:
+        except queen_client.LockNotAcquired:
             pass  # another replica is running it right now
 """)
 

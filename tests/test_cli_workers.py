@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-import queen as sdk
+import queen_client as sdk
 from queen.testing import ServerProcess
 
 QUEEN = [sys.executable, "-m", "queen"]

@@ -15,6 +15,8 @@ import logging
 import os
 import sys
 
+from queen.cli.serve import server_dependencies_missing
+
 EXIT_CLEAN, EXIT_TIDIED, EXIT_USAGE, EXIT_DAMAGED, EXIT_REFUSED = 0, 1, 2, 3, 4
 
 
@@ -72,10 +74,13 @@ def _check_backup(path: str) -> int:
 
 
 def _check(data_dir: str) -> int:
-    from queen.core.state import State
-    from queen.errors import CorruptLog, RefusedToStart
-    from queen.wal.disk import DryDisk
-    from queen.wal.recovery import recover
+    try:
+        from queen.core.state import State
+        from queen.errors import CorruptLog, RefusedToStart
+        from queen.wal.disk import DryDisk
+        from queen.wal.recovery import recover
+    except ModuleNotFoundError as missing:
+        return server_dependencies_missing("check", missing)
 
     disk, findings = DryDisk(), _Findings()
     wal_logger = logging.getLogger("queen.wal")

@@ -89,7 +89,7 @@ def _holder_line(holder, now: int) -> str:
 
 
 async def lock_acquire(args) -> int:
-    from queen.client.locks import WAIT_MS_MAX, mint_owner
+    from queen_client.locks import WAIT_MS_MAX, mint_owner
 
     wait = wait_s(args.wait, WAIT_MS_MAX / 1000)
     owner = args.owner or mint_owner()  # the same owner at every ask, so a retry is the same acquire
@@ -168,7 +168,7 @@ async def run_locked_command(args) -> int:
     it ends, and exit with its status."""
     import anyio
 
-    from queen.client.durations import seconds
+    from queen_client.durations import seconds
 
     command = args.cmd
     if not command:

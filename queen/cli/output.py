@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import sys
@@ -59,10 +60,15 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: whoever read our output (| head) stoppe
 def run(args: argparse.Namespace) -> int:
     """Run the command's handler on Trio; the SDK's errors become exit statuses. Ctrl-C ends it with
     one line, and a reader that stopped reading (| head) ends it quietly: neither is a traceback."""
-    import anyio
+    try:
+        import anyio
 
-    from queen.client.errors import BadRequestError, ClientError
-
+        from queen_client.errors import BadRequestError, ClientError
+    except ModuleNotFoundError as missing:  # `queen` installed without its dependencies
+        print(f"queen: the Python client is not installed (no module {(missing.name or '').partition('.')[0]!r}); "
+              "install it, from a checkout of Queen: pip install ./client", file=sys.stderr)
+        return EXIT_USAGE
+    sdk_warnings = _sdk_warnings_to_stderr()
     try:
         return anyio.run(args.handler, args, backend="trio")
     except KeyboardInterrupt:
@@ -80,6 +86,19 @@ def run(args: argparse.Namespace) -> int:
     except ClientError as error:  # unreachable, 503, or an answer we could not use
         print(f"queen: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
+    finally:
+        logging.getLogger("queen_client").removeHandler(sdk_warnings)
+
+
+def _sdk_warnings_to_stderr() -> logging.Handler:
+    """The SDK logs through the `queen_client` logger with only a NullHandler, as a library does;
+    a command shows its warnings (a broker waited for, a lock or lease lost) on stderr, one line
+    each. Not the transport's retries: a command's call ends in its answer or its one error line."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.addFilter(lambda record: record.name != "queen_client._http")
+    logging.getLogger("queen_client").addHandler(handler)
+    return handler
 
 
 def _quiet_stdout() -> None:
@@ -92,7 +111,7 @@ def _quiet_stdout() -> None:
 def wait_s(text: str | None, longest_s: float | None, flag: str = "--wait") -> float | None:
     """A --wait value in seconds: a duration, or "forever" (inf). Above `longest_s` it is a usage
     error rather than cut short in silence (None: no bound)."""
-    from queen.client.durations import seconds
+    from queen_client.durations import seconds
 
     if text is None:
         return None
@@ -107,7 +126,7 @@ def wait_s(text: str | None, longest_s: float | None, flag: str = "--wait") -> f
 
 def open_client(args):
     """The SDK's client for this command's --url and --timeout (use it with `async with`)."""
-    from queen.client import Client
+    from queen_client import Client
 
     return Client(args.url, token=args.auth_token, ca_file=args.ca_file, timeout_s=args.timeout)
 

@@ -1,6 +1,6 @@
 """`queen queue configure|push|pop|ack|list|dlq`: one queue call each, through the SDK's
 `client.queue(name)` and `client.queues()`; and `queen queue consume QUEUE -- CMD`, a worker that
-runs CMD once per message, on the SDK's consumer (queen/client/consumer.py): broker restarts waited
+runs CMD once per message, on the SDK's consumer (client/queen_client/consumer.py): broker restarts waited
 out, leases extended while CMD runs, SIGTERM and Ctrl-C graceful."""
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def add_parser(commands, parents: dict) -> None:
 
 
 def _options(args) -> dict:
-    from queen.client.durations import seconds, ttl_seconds
+    from queen_client.durations import seconds, ttl_seconds
 
     options = {}
     for dest, (option, kind) in _OPTION_FLAGS.items():
@@ -167,7 +167,7 @@ async def queue_push(args) -> int:
 
 
 async def queue_pop(args) -> int:
-    from queen.client.queues import WAIT_MS_MAX
+    from queen_client.queues import WAIT_MS_MAX
 
     wait = wait_s(args.wait, WAIT_MS_MAX / 1000)
     async with open_client(args) as client:
@@ -249,7 +249,7 @@ async def queue_consume(args) -> int:
 
     import anyio
 
-    from queen.client.durations import seconds
+    from queen_client.durations import seconds
 
     command = args.cmd
     if not command:

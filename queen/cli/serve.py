@@ -99,11 +99,14 @@ def serve_broker(config: Config) -> int:
             print(f"queen: {problem}", file=sys.stderr)
         return EXIT_USAGE
     setup_logging(config.log_level, config.log_format)
-    import trio
+    try:
+        import trio
 
-    from queen.http.tls import TlsSetupError
-    from queen.runtime.notify import Notifier
-    from queen.runtime.server import DataDirBusy, Server
+        from queen.http.tls import TlsSetupError
+        from queen.runtime.notify import Notifier
+        from queen.runtime.server import DataDirBusy, Server
+    except ModuleNotFoundError as missing:
+        return server_dependencies_missing("serve", missing)
 
     # Everything imported so far lives as long as the process: out of the cyclic GC's sight, a
     # full collection walks only what the server builds, not the modules under it.
@@ -157,6 +160,16 @@ def _log_refusal(failure: RefusedToStart) -> None:
         logger.error("event=start_failed reason=versions_exhausted detail=%r action=refusing_to_start", str(failure))
     else:
         logger.error("event=start_failed reason=unreadable_format detail=%r action=refusing_to_start", str(failure))
+
+
+def server_dependencies_missing(command: str, missing: ModuleNotFoundError) -> int:
+    """One line instead of a traceback when a server command runs where only part of Queen is
+    installed (the package without its dependencies, e.g. `pip install --no-deps`): exit 2."""
+    if (missing.name or "").partition(".")[0] in ("queen", "queen_client"):
+        raise missing  # a module of our own is gone: a broken install, not a missing dependency
+    print(f"queen {command}: the server's dependencies are not installed (no module {missing.name!r}); install "
+          "the server distribution with them, from a checkout of Queen: pip install ./client .", file=sys.stderr)
+    return 2
 
 
 def _first_leaf(error: BaseException) -> BaseException:

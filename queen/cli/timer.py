@@ -111,7 +111,7 @@ def _timer_json(timer) -> dict:
 
 
 async def timer_schedule(args) -> int:
-    from queen.client.durations import seconds
+    from queen_client.durations import seconds
 
     once = args.delay is not None or args.at is not None
     if args.cron is not None and once:

@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-import queen
+import queen_client
 from queen.testing import HttpClient, open_server
 
 from .conftest import paused
@@ -33,7 +33,7 @@ def run(backend, fn, *args):
 
 def test_both_kv_round_trip_with_versions_and_conditions(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             kv = client.kv
             first = await kv.put(unique, "cart", {"items": 3}, ttl="7d")
             assert first.applied and first.version > 0
@@ -59,7 +59,7 @@ def test_both_kv_round_trip_with_versions_and_conditions(backend, server, unique
 
 def test_both_counters_stop_at_their_bounds(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             assert (await client.kv.incr(unique, "n", max=2, ttl=60)).value == 1
             assert (await client.kv.incr(unique, "n", max=2, ttl=60)).value == 2
             past = await client.kv.incr(unique, "n", max=2, ttl=60)
@@ -72,7 +72,7 @@ def test_both_counters_stop_at_their_bounds(backend, server, unique):
 
 def test_both_get_prefix_walks_every_page_and_get_many_keeps_order(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             for i in range(7):
                 await client.kv.put(unique, f"user:{i}", i, ttl=60)
             await client.kv.put(unique, "other", 0, ttl=60)
@@ -86,14 +86,14 @@ def test_both_get_prefix_walks_every_page_and_get_many_keeps_order(backend, serv
 
 def test_both_errors_are_typed_and_carry_the_server_code(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
-            with pytest.raises(queen.BadRequestError) as rejected:
+        async with queen_client.Client(server.url) as client:
+            with pytest.raises(queen_client.BadRequestError) as rejected:
                 await client.kv.put("queen-locks", "x", 1, ttl=60)
             assert rejected.value.code == "reserved_namespace" and rejected.value.status == 400
             with pytest.raises(ValueError, match="lifetime"):
                 await client.kv.put(unique, "x", 1)
-        async with queen.Client("http://127.0.0.1:1", retries_max=1) as nowhere:
-            with pytest.raises(queen.TransportError):
+        async with queen_client.Client("http://127.0.0.1:1", retries_max=1) as nowhere:
+            with pytest.raises(queen_client.TransportError):
                 await nowhere.kv.get(unique, "x")
 
     run(backend, body)
@@ -101,9 +101,9 @@ def test_both_errors_are_typed_and_carry_the_server_code(backend, server, unique
 
 def test_base_url_defaults_to_queen_url(monkeypatch):
     monkeypatch.setenv("QUEEN_URL", "http://queen.internal:7000")
-    assert queen.Client().url == "http://queen.internal:7000"
+    assert queen_client.Client().url == "http://queen.internal:7000"
     monkeypatch.delenv("QUEEN_URL")
-    assert queen.Client().url == "http://127.0.0.1:6632"
+    assert queen_client.Client().url == "http://127.0.0.1:6632"
 
 
 # -- locks against a real server --------------------------------------------------------------------
@@ -111,7 +111,7 @@ def test_base_url_defaults_to_queen_url(monkeypatch):
 
 def test_both_one_holder_at_a_time_and_release_frees_it(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             mine, theirs = client.lock(unique, ttl="30s"), client.lock(unique, ttl="30s")
             assert mine.owner != theirs.owner and mine.owner.count(":") >= 2
             assert await mine.acquire()
@@ -131,7 +131,7 @@ def test_both_one_holder_at_a_time_and_release_frees_it(backend, server, unique)
 
 def test_both_the_same_owner_is_the_same_holder(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             first = client.lock(unique, ttl=30, owner="cron-7")
             second = client.lock(unique, ttl=30, owner="cron-7")
             assert await first.acquire() and await second.acquire()
@@ -142,7 +142,7 @@ def test_both_the_same_owner_is_the_same_holder(backend, server, unique):
 
 def test_both_a_semaphore_admits_n_holders_each_on_its_own_slot(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             permits = [client.semaphore(unique, 2, ttl="1m") for _ in range(3)]
             assert [await p.acquire() for p in permits] == [True, True, False]
             assert {permits[0].slot, permits[1].slot} == {0, 1}
@@ -155,11 +155,11 @@ def test_both_a_semaphore_admits_n_holders_each_on_its_own_slot(backend, server,
 
 def test_both_hold_runs_the_block_only_when_acquired_and_releases_after(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             ran = []
             async with client.lock(unique, ttl="30s").hold() as lock:
                 ran.append(lock.token)
-                with pytest.raises(queen.LockNotAcquired) as refused:
+                with pytest.raises(queen_client.LockNotAcquired) as refused:
                     async with client.lock(unique, ttl="30s").hold():
                         ran.append("second")  # pragma: no cover - must not run
                 assert refused.value.reason == "held"
@@ -175,7 +175,7 @@ def test_both_a_second_hold_on_one_handle_is_an_error_and_the_first_keeps_the_lo
     """A handle holds once: nested (or concurrent) hold() on it would release the permit under the
     outer block when the inner one ends."""
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             lock = client.lock(unique, ttl="30s")
             async with lock.hold():
                 token = lock.token
@@ -192,7 +192,7 @@ def test_both_a_second_hold_on_one_handle_is_an_error_and_the_first_keeps_the_lo
 
 def test_both_a_guarded_transaction_commits_only_while_the_lock_is_ours(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             lock = client.lock(unique, ttl="30s")
             reasons = []
             lock.on_lost(reasons.append)
@@ -207,7 +207,7 @@ def test_both_a_guarded_transaction_commits_only_while_the_lock_is_ours(backend,
             assert not refused.success and refused.reason == "kv_precondition" and refused.failed_lock == unique
             assert reasons == ["guard"] and lock.lost_reason == "guard" and lock.token is None
             assert (await client.kv.get(unique, "report")).value == "v1"
-            with pytest.raises(queen.LockLost):
+            with pytest.raises(queen_client.LockLost):
                 await client.transaction().guard(lock).kv.put(unique, "report", "v3", ttl="1d").commit()
             missed = await client.transaction().kv.put_if_absent(unique, "report", "x", ttl=60).commit()
             assert not missed and missed.failed_index == 0 and missed.failed_reason == "exists"
@@ -217,7 +217,7 @@ def test_both_a_guarded_transaction_commits_only_while_the_lock_is_ours(backend,
 
 def test_both_a_renewal_answered_lost_is_reported_at_once(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             lock = client.lock(unique, ttl="30s")
             reasons = []
             lock.on_lost(reasons.append)
@@ -235,11 +235,11 @@ def test_both_a_holder_of_a_paused_server_gives_up_within_its_lifetime(backend, 
     """A real lease of 1 s: the server is SIGSTOPped under a hold() body. The handle reports the loss
     no later than its deadline on its own clock, cancels the body, and never shows a token after."""
     async def body():
-        async with queen.Client(server.url, timeout_s=5) as client:
+        async with queen_client.Client(server.url, timeout_s=5) as client:
             lock = client.lock(unique, ttl=1)
             seen, losses = [], []
             lock.on_lost(lambda reason: losses.append((reason, anyio.current_time())))
-            with pytest.raises(queen.LockLost) as lost:
+            with pytest.raises(queen_client.LockLost) as lost:
                 async with lock.hold():
                     with paused(server):
                         stopped_at, deadline = anyio.current_time(), lock.deadline
@@ -306,7 +306,7 @@ async def test_stalled_renewals_cancel_the_hold_body_at_the_deadline_never_later
         proxy = StallingProxy(server.port)
         await nursery.start(proxy.serve)
         admin = HttpClient(server.port)
-        async with queen.Client(f"http://127.0.0.1:{proxy.port}") as client:
+        async with queen_client.Client(f"http://127.0.0.1:{proxy.port}") as client:
             lock = client.lock("report", ttl="30s")
             losses, seen = [], []
             lock.on_lost(lambda reason: losses.append((reason, trio.current_time())))
@@ -317,7 +317,7 @@ async def test_stalled_renewals_cancel_the_hold_body_at_the_deadline_never_later
                     await trio.sleep(0.05)
 
             nursery.start_soon(watch)
-            with pytest.raises(queen.LockLost) as lost:
+            with pytest.raises(queen_client.LockLost) as lost:
                 async with lock.hold():
                     held_from = trio.current_time()
                     await trio.sleep(95)  # three renewals get through
@@ -341,7 +341,7 @@ async def test_stalled_renewals_cancel_the_hold_body_at_the_deadline_never_later
 
 
 async def test_a_renewal_answered_lost_is_reported_long_before_the_deadline(tmp_path, autojump_clock):
-    async with open_server(tmp_path / "data") as server, queen.Client(f"http://127.0.0.1:{server.port}") as client:
+    async with open_server(tmp_path / "data") as server, queen_client.Client(f"http://127.0.0.1:{server.port}") as client:
         admin = HttpClient(server.port)
         lock = client.lock("sync", ttl="30s")
         assert await lock.acquire()
@@ -354,7 +354,7 @@ async def test_a_renewal_answered_lost_is_reported_long_before_the_deadline(tmp_
 
 
 async def test_a_waiting_acquire_is_handed_the_lock_and_confirms_its_lease(tmp_path, autojump_clock):
-    async with open_server(tmp_path / "data") as server, queen.Client(f"http://127.0.0.1:{server.port}") as client:
+    async with open_server(tmp_path / "data") as server, queen_client.Client(f"http://127.0.0.1:{server.port}") as client:
         holder, waiter = client.lock("gpu", ttl="3s"), client.lock("gpu", ttl="3s")
         assert await holder.acquire()
         results = []
@@ -378,7 +378,7 @@ async def test_a_waiting_acquire_is_handed_the_lock_and_confirms_its_lease(tmp_p
 
 
 async def test_guarded_commits_racing_renewals_never_fail_on_our_own_renewal(tmp_path, autojump_clock):
-    async with open_server(tmp_path / "data") as server, queen.Client(f"http://127.0.0.1:{server.port}") as client:
+    async with open_server(tmp_path / "data") as server, queen_client.Client(f"http://127.0.0.1:{server.port}") as client:
         lock = client.lock("ledger", ttl="3s")
         async with lock.hold():
             start, tokens = trio.current_time(), set()
@@ -399,7 +399,7 @@ async def test_guarded_commits_racing_renewals_never_fail_on_our_own_renewal(tmp
 
 async def test_keep_alive_renews_from_the_loop_when_no_background_task_may_run(tmp_path, autojump_clock):
     async with open_server(tmp_path / "data") as server:
-        client = queen.Client(f"http://127.0.0.1:{server.port}")  # not entered: no task group
+        client = queen_client.Client(f"http://127.0.0.1:{server.port}")  # not entered: no task group
         lock = client.lock("batch", ttl="3s", auto_renew=False)
         with pytest.raises(RuntimeError, match="task group"):
             await client.lock("batch", ttl="3s").acquire()
@@ -417,7 +417,7 @@ def test_the_server_never_imports_the_sdk():
     import subprocess
     import sys
 
-    code = "import sys, queen.cli, queen.runtime.server; assert not any(m.startswith('queen.client') for m in sys.modules)"
+    code = "import sys, queen.cli, queen.runtime.server; assert not any(m.startswith('queen_client') for m in sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
 
 
@@ -471,10 +471,10 @@ def scripted(backend, replies, call):
         async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener, anyio.create_task_group() as tasks:
             tasks.start_soon(server.serve, listener)
             port = listener.extra(anyio.abc.SocketAttribute.local_port)
-            async with queen.Client(f"http://127.0.0.1:{port}", retries_max=3) as client:
+            async with queen_client.Client(f"http://127.0.0.1:{port}", retries_max=3) as client:
                 try:
                     return await call(client), server.requests
-                except queen.ClientError as error:
+                except queen_client.ClientError as error:
                     return error, server.requests
                 finally:
                     tasks.cancel_scope.cancel()
@@ -489,9 +489,9 @@ def test_both_reads_are_retried_through_503_and_broken_connections(backend):
 
 def test_both_writes_are_not_retried_when_they_might_have_applied(backend):
     error, requests = scripted(backend, [(503, "not_durable"), (200, PUT_OK)], lambda c: c.kv.put("a", "b", 1, ttl=5))
-    assert isinstance(error, queen.UnavailableError) and error.code == "not_durable" and requests == 1
+    assert isinstance(error, queen_client.UnavailableError) and error.code == "not_durable" and requests == 1
     error, requests = scripted(backend, [("close",), (200, PUT_OK)], lambda c: c.kv.put("a", "b", 1, ttl=5))
-    assert isinstance(error, queen.TransportError) and requests == 1
+    assert isinstance(error, queen_client.TransportError) and requests == 1
 
 
 def test_both_a_503_that_applied_nothing_is_retried_even_for_a_write(backend):
@@ -501,4 +501,4 @@ def test_both_a_503_that_applied_nothing_is_retried_even_for_a_write(backend):
 
 def test_both_retries_give_up_after_the_limit(backend):
     error, requests = scripted(backend, [(503, "shutting_down")], lambda c: c.kv.get("a", "b"))
-    assert isinstance(error, queen.UnavailableError) and requests == 4  # the first try and 3 retries
+    assert isinstance(error, queen_client.UnavailableError) and requests == 4  # the first try and 3 retries

@@ -2,8 +2,8 @@
 
 import pytest
 
-from queen.client.durations import lifetime_fields, seconds, ttl_seconds
-from queen.client.lease import Lease, LostReason, State
+from queen_client.durations import lifetime_fields, seconds, ttl_seconds
+from queen_client.lease import Lease, LostReason, State
 
 TTL_S = 30.0
 

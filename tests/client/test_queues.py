@@ -7,7 +7,7 @@ from contextlib import aclosing
 import anyio
 import pytest
 
-import queen
+import queen_client
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -21,12 +21,12 @@ def run(backend, fn, *args):
 
 def test_both_push_pop_ack_round_trip(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             queue = client.queue(unique)
             first = await queue.push({"orderId": 1}, partition="customer-42", transaction_id="order-1")
             again = await queue.push({"orderId": 1}, partition="customer-42", transaction_id="order-1")
             assert first.status == "queued" and again.status == "duplicate" and again.message_id == first.message_id
-            results = await queue.push_many([{"orderId": 2}, queen.Push({"orderId": 3}, partition="other")],
+            results = await queue.push_many([{"orderId": 2}, queen_client.Push({"orderId": 3}, partition="other")],
                                             partition="customer-42")
             assert [r.partition for r in results] == ["customer-42", "other"] and all(results)
             delivery = await queue.pop(batch=10)
@@ -45,7 +45,7 @@ def test_both_push_pop_ack_round_trip(backend, server, unique):
 
 def test_both_consume_acks_each_message_and_leaving_releases_the_rest(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             queue = client.queue(unique)
             await queue.push_many(range(5), partition="p")
             seen = []
@@ -66,7 +66,7 @@ def test_both_consume_acks_each_message_and_leaving_releases_the_rest(backend, s
 
 def test_both_process_acks_failed_on_an_exception_and_the_dlq_takes_a_poison_message(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             queue = client.queue(unique)
             await queue.configure(retryLimit=1)
             await queue.push_many(["ok-1", "poison", "ok-2"], partition="p")
@@ -91,7 +91,7 @@ def test_both_process_acks_failed_on_an_exception_and_the_dlq_takes_a_poison_mes
 
 def test_both_the_consumer_extends_its_lease_while_a_message_is_handled(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             queue = client.queue(unique)
             await queue.configure(leaseTimeSeconds=1)
             await queue.push("slow")
@@ -109,7 +109,7 @@ def test_both_the_consumer_extends_its_lease_while_a_message_is_handled(backend,
 
 
 def test_the_sync_client_pushes_consumes_and_processes(server, unique):
-    with queen.SyncClient(server.url) as client:
+    with queen_client.SyncClient(server.url) as client:
         queue = client.queue(unique)
         assert queue.push("a", partition="p") and queue.push("b", partition="p")
         got = []

@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 import anyio
 import pytest
 
-import queen
+import queen_client
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -18,7 +18,7 @@ def backend(request):
 
 def test_both_recurring_timers_schedule_show_fire_and_refuse(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             timers = client.timers
             beat = await timers.schedule(unique, "beat", "tick", every="1s", delay="50ms", partition="b")
             assert beat.scheduled and beat.every_ms == 1_000 and beat.cron is None
@@ -46,7 +46,7 @@ def test_both_recurring_timers_schedule_show_fire_and_refuse(backend, server, un
                 await timers.schedule(unique, "k", 1, cron="* * * * *", delay="1m")
             for kwargs, code in (({"cron": "0 9 * * *", "timezone": "Europe/Atlantis"}, "unknown_timezone"),
                                  ({"cron": "0 9 *"}, "invalid_cron"), ({"every": "500ms"}, "invalid_every")):
-                with pytest.raises(queen.BadRequestError) as refused:
+                with pytest.raises(queen_client.BadRequestError) as refused:
                     await timers.schedule(unique, "k", 1, **kwargs)
                 assert refused.value.code == code
 
@@ -54,7 +54,7 @@ def test_both_recurring_timers_schedule_show_fire_and_refuse(backend, server, un
 
 
 def test_sync_recurring_timer_and_a_transaction_that_schedules_one(server, unique):
-    with queen.SyncClient(server.url) as client:
+    with queen_client.SyncClient(server.url) as client:
         every = client.timers.schedule(unique, "every", 1, every=timedelta(hours=1))
         assert every.every_ms == 3_600_000
         result = client.transaction().timer(unique, "nightly", "go", cron="30 2 * * *", timezone="America/New_York") \

@@ -7,14 +7,14 @@ import time
 
 import pytest
 
-import queen
+import queen_client
 
 from .conftest import paused
 
 
 @pytest.fixture
 def client(server):
-    with queen.SyncClient(server.url) as sync:
+    with queen_client.SyncClient(server.url) as sync:
         yield sync
 
 
@@ -31,17 +31,17 @@ def test_kv_calls_block_and_answer_typed_results(client, unique):
     assert [i.found for i in client.kv.get_many(unique, ["job:1", "nope"])] == [True, False]
     assert client.kv.check(unique, "nope", 0).applied
     assert client.kv.delete(unique, "config").applied
-    with pytest.raises(queen.BadRequestError) as rejected:
+    with pytest.raises(queen_client.BadRequestError) as rejected:
         client.kv.put(unique, "", 1, ttl=60)
     assert rejected.value.code == "invalid_key"
 
 
 def test_a_lock_is_held_by_one_handle_and_released_on_close(server, unique):
-    with queen.SyncClient(server.url) as first, queen.SyncClient(server.url) as second:
+    with queen_client.SyncClient(server.url) as first, queen_client.SyncClient(server.url) as second:
         mine = first.lock(unique, ttl="30s")
         assert mine.acquire() and mine.held and mine.token == mine.fence
         assert not second.lock(unique, ttl="30s").acquire()
-        with pytest.raises(queen.LockNotAcquired):
+        with pytest.raises(queen_client.LockNotAcquired):
             with second.lock(unique, ttl="30s").hold():
                 pass  # pragma: no cover - must not run
         first.close()  # still holding: closing releases it
@@ -86,7 +86,7 @@ def test_a_paused_server_interrupts_the_hold_block_within_the_lifetime(server, c
     """A real lease of 1 s; the block runs Python in small steps, as a job loop does."""
     lock = client.lock(unique, ttl=1)
     steps_after_loss = []
-    with pytest.raises(queen.LockLost) as lost:
+    with pytest.raises(queen_client.LockLost) as lost:
         with lock.hold():
             with paused(server):
                 stopped_at = time.monotonic()
@@ -111,7 +111,7 @@ def test_the_interruption_lands_in_the_thread_that_entered_the_block(server, cli
                 with paused(server):
                     while True:
                         time.sleep(0.005)
-        except queen.LockLost as error:
+        except queen_client.LockLost as error:
             outcome.append(error.reason)
 
     thread = threading.Thread(target=worker)

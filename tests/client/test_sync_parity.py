@@ -6,11 +6,11 @@ import inspect
 
 import pytest
 
-from queen.client.client import Client
-from queen.client.kv import Kv
-from queen.client.locks import Lock, Locks
-from queen.client.queues import Queue
-from queen.client.sync import (
+from queen_client.client import Client
+from queen_client.kv import Kv
+from queen_client.locks import Lock, Locks
+from queen_client.queues import Queue
+from queen_client.sync import (
     SyncClient,
     SyncKv,
     SyncLock,
@@ -19,8 +19,8 @@ from queen.client.sync import (
     SyncTimers,
     SyncTransaction,
 )
-from queen.client.timers import Timers
-from queen.client.txn import Transaction
+from queen_client.timers import Timers
+from queen_client.txn import Transaction
 
 PAIRS = [(Client, SyncClient), (Kv, SyncKv), (Locks, SyncLocks), (Lock, SyncLock), (Queue, SyncQueue),
          (Timers, SyncTimers), (Transaction, SyncTransaction)]

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import anyio
 import pytest
 
-import queen
+import queen_client
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -23,7 +23,7 @@ def run(backend, fn, *args):
 
 def test_both_timers_schedule_get_list_cancel_and_fire(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             timers = client.timers
             first = await timers.schedule(unique, "order-42:payment-timeout", {"orderId": 42}, delay="15m",
                                           partition="customer-42", transaction_id="timeout-42")
@@ -41,7 +41,7 @@ def test_both_timers_schedule_get_list_cancel_and_fire(backend, server, unique):
             assert await timers.cancel(unique, "r3") is True and await timers.cancel(unique, "r3") is False
             with pytest.raises(TypeError):
                 await timers.schedule(unique, "k", 1)  # neither at nor delay
-            with pytest.raises(queen.BadRequestError) as refused:
+            with pytest.raises(queen_client.BadRequestError) as refused:
                 await timers.schedule(unique, "k", 1, at=datetime.now(UTC) + timedelta(days=366))
             assert refused.value.code == "at_too_far"
             soon = await timers.schedule(unique, "soon", "ding", delay="100ms", partition="p")
@@ -57,7 +57,7 @@ def test_both_one_step_from_inside_a_consume_loop(backend, server, unique):
     orders, invoices = f"{unique}-orders", f"{unique}-invoices"
 
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             await client.timers.schedule(orders, "order-42:payment-timeout", {"orderId": 42}, delay="15m")
             await client.queue(orders).push({"orderId": 42, "event": "paid"}, partition="customer-42")
             async with aclosing(client.queue(orders).consume(wait="2s")) as messages:
@@ -86,7 +86,7 @@ def test_both_one_step_from_inside_a_consume_loop(backend, server, unique):
 
 def test_both_a_paused_consumer_cannot_commit_and_the_new_owner_can(backend, server, unique):
     async def body():
-        async with queen.Client(server.url) as client:
+        async with queen_client.Client(server.url) as client:
             queue = client.queue(unique)
             await queue.configure(leaseTimeSeconds=1)
             await queue.push({"orderId": 42}, partition="customer-42")
@@ -111,7 +111,7 @@ def test_both_a_paused_consumer_cannot_commit_and_the_new_owner_can(backend, ser
 
 
 def test_sync_timers_and_a_guarded_transaction(server, unique):
-    with queen.SyncClient(server.url) as client:
+    with queen_client.SyncClient(server.url) as client:
         assert client.timers.schedule(unique, "k", {"n": 1}, delay="1h").scheduled
         assert client.timers.get(unique, "k").payload == {"n": 1}
         assert [t.key for t in client.timers.list(unique)] == ["k"]

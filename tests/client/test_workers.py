@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-import queen
+import queen_client
 from queen.testing import ServerProcess
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -85,12 +85,12 @@ def test_two_workers_complete_every_message_once_through_broker_crashes_and_a_re
     server = ServerProcess(str(tmp_path / "data")).start()
     workers = []
     try:
-        with queen.SyncClient(server.url) as client:
+        with queen_client.SyncClient(server.url) as client:
             queue = client.queue("jobs")
             # A pop whose answer a crash swallowed leaves its lease to expire: 10 s, not 5 minutes.
             queue.configure(leaseTimeSeconds=10)
             for first in range(0, total, 200):
-                queue.push_many([queen.Push(i, f"p{i % 8}") for i in range(first, first + 200)])
+                queue.push_many([queen_client.Push(i, f"p{i % 8}") for i in range(first, first + 200)])
             for flavour in ("asyncio", "sync"):
                 workers.append(start_worker(flavour, server, "jobs", records, "--batch", "5", "--lease", "10s"))
             for step, (done, crash) in enumerate([(250, True), (650, True), (1050, True), (1450, False)]):
@@ -127,10 +127,10 @@ def test_sigterm_releases_what_a_worker_holds_to_the_next_at_once_with_retry_cou
     is SIGTERMed: it exits within its grace period, acks what it finished and releases the rest,
     which another worker receives within 1 s with the same retryCount."""
     records = tmp_path / "records"
-    with ServerProcess(str(tmp_path / "data")) as server, queen.SyncClient(server.url) as client:
+    with ServerProcess(str(tmp_path / "data")) as server, queen_client.SyncClient(server.url) as client:
         queue = client.queue("held")
         queue.configure(leaseTimeSeconds=300)  # left to expire, the rest would come back in 5 minutes
-        queue.push_many([queen.Push(i, f"p{i % 5}") for i in range(50)])
+        queue.push_many([queen_client.Push(i, f"p{i % 5}") for i in range(50)])
         worker = start_worker(flavour, server, "held", records, "--batch", "50", "--partitions", "5",
                               "--lease", "300s", "--grace", "2s", "--hold-after", "3")
         held = wait_for(lambda: [r for r in records_of(records) if r[1] == "held"], "a held handler", 60)
@@ -163,8 +163,8 @@ def test_sigterm_releases_what_a_worker_holds_to_the_next_at_once_with_retry_cou
 def test_an_idle_sync_worker_exits_on_ctrl_c_at_once_with_one_line(tmp_path):
     """Ctrl-C while a SyncClient worker waits in a parked pop (wait 30 s): it ends the pop and
     exits with 130 and one line, no traceback, long before the pop's wait would have run out."""
-    script = ("import queen\n"
-              "with queen.SyncClient(URL) as client:\n"
+    script = ("import queen_client\n"
+              "with queen_client.SyncClient(URL) as client:\n"
               "    client.queue('idle').push('first')\n"
               "    client.queue('idle').process(lambda m: print('handled', m.data, flush=True), wait='30s')\n")
     with ServerProcess(str(tmp_path / "data")) as server:

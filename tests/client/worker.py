@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 
-import queen
+import queen_client
 
 
 def main() -> int:
@@ -57,7 +57,7 @@ def main() -> int:
                 release.wait()
             record(message, message.retry_count)
 
-        with queen.SyncClient(args.url) as client:
+        with queen_client.SyncClient(args.url) as client:
             client.queue(args.queue).process(handle, **options)
         return 0
 
@@ -69,7 +69,7 @@ def main() -> int:
         record(message, message.retry_count)
 
     async def run() -> None:
-        async with queen.Client(args.url) as client:
+        async with queen_client.Client(args.url) as client:
             await client.queue(args.queue).process(handle_async, **options)
 
     asyncio.run(run())

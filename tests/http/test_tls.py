@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-import queen
+import queen_client
 from queen.testing import HttpClient, ServerProcess, make_server_cert, make_test_ca, open_server
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None,
@@ -81,7 +81,7 @@ def test_queen_serve_answers_https_to_a_client_that_trusts_its_ca(tls_server, pk
 
 
 async def test_the_sdk_speaks_https_with_a_private_ca(tls_server, pki, monkeypatch):
-    async with queen.Client(tls_server.url, ca_file=pki.ca) as client:
+    async with queen_client.Client(tls_server.url, ca_file=pki.ca) as client:
         written = await client.kv.put("tls", "sdk", {"n": 1}, forever=True)
         got = await client.kv.get("tls", "sdk")
         assert got.found and got.value == {"n": 1} and got.version == written.version
@@ -92,7 +92,7 @@ async def test_the_sdk_speaks_https_with_a_private_ca(tls_server, pki, monkeypat
         assert message.data == {"order": 1}
         assert (await message.ack()).success
     monkeypatch.setenv("QUEEN_CA_FILE", pki.ca)  # the same CA from the environment
-    async with queen.Client(tls_server.url) as client:
+    async with queen_client.Client(tls_server.url) as client:
         assert (await client.kv.get("tls", "sdk")).value == {"n": 1}
 
 
@@ -113,8 +113,8 @@ def test_a_client_that_does_not_trust_the_ca_fails_verification(tls_server, pki)
         with pytest.raises(ssl.SSLCertVerificationError):
             connection.request("GET", "/healthz")
         connection.close()
-    with queen.SyncClient(tls_server.url, ca_file=pki.stranger_ca, retries_max=0) as client:
-        with pytest.raises(queen.TransportError, match="CERTIFICATE_VERIFY_FAILED"):
+    with queen_client.SyncClient(tls_server.url, ca_file=pki.stranger_ca, retries_max=0) as client:
+        with pytest.raises(queen_client.TransportError, match="CERTIFICATE_VERIFY_FAILED"):
             client.kv.get("tls", "sdk")
     assert tls_server.request("GET", "/healthz")[0] == 200
 

@@ -204,12 +204,12 @@ async def test_an_auth_file_that_cannot_be_used_is_kept_out_on_reload(tmp_path, 
 async def test_the_sdk_waits_as_retry_after_says_and_gives_up_on_a_quota(tmp_path, autojump_clock):
     import trio
 
-    import queen
+    import queen_client
 
     path, who = auth_file(tmp_path, {"writesPerSecond": 1, "messagesMax": 3})
     secret = who["writer"]["authorization"].removeprefix("Bearer ")
     async with open_server(tmp_path / "data", auth_file=path) as server:
-        async with queen.Client(f"http://127.0.0.1:{server.port}", token=secret) as client:
+        async with queen_client.Client(f"http://127.0.0.1:{server.port}", token=secret) as client:
             started = trio.current_time()
             for n in range(3):
                 await client.kv.put("app", f"k{n}", n, forever=True)  # a bucket of one: one a second
@@ -217,7 +217,7 @@ async def test_the_sdk_waits_as_retry_after_says_and_gives_up_on_a_quota(tmp_pat
             assert client.statistics()["retries"] >= 2
             queue = client.queue("q")
             await queue.push_many([1, 2, 3])
-            with pytest.raises(queen.RateLimited) as refused:
+            with pytest.raises(queen_client.RateLimited) as refused:
                 await queue.push(4)
             assert refused.value.code == "quota_messages" and refused.value.retry_after_s >= 1
 

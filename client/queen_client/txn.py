@@ -29,11 +29,11 @@ from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
-from queen.client.errors import LockLost
-from queen.client.kv import CheckResult, Current, Item, WriteResult, write_op
-from queen.client.lease import LostReason
-from queen.client.queues import AckResult, Message, Push, PushResult
-from queen.client.timers import TimerResult, schedule_op
+from queen_client.errors import LockLost
+from queen_client.kv import CheckResult, Current, Item, WriteResult, write_op
+from queen_client.lease import LostReason
+from queen_client.queues import AckResult, Message, Push, PushResult
+from queen_client.timers import TimerResult, schedule_op
 
 READ_OPS = frozenset(("get", "check"))
 
@@ -97,11 +97,11 @@ class TxnQueue:
         self.name = name
 
     def push(self, items: Iterable, *, partition: str | None = None):
-        """Append each item (a payload, or a `queen.Push`) when the transaction commits. Each
+        """Append each item (a payload, or a `queen_client.Push`) when the transaction commits. Each
         gets a transactionId (generated when not given): a duplicate answers "duplicate" and is
         not a failure."""
         if isinstance(items, (str, bytes, dict)) or not isinstance(items, Iterable):
-            raise TypeError("push takes a list of items (payloads or queen.Push): .push([payload])")
+            raise TypeError("push takes a list of items (payloads or queen_client.Push): .push([payload])")
         for item in items:
             if not isinstance(item, Push):
                 item = Push(item, partition)

@@ -24,8 +24,8 @@ from collections.abc import AsyncGenerator
 
 import anyio
 
-from queen.client.durations import seconds as seconds_of
-from queen.client.errors import ApiError, TransportError, UnavailableError
+from queen_client.durations import seconds as seconds_of
+from queen_client.errors import ApiError, TransportError, UnavailableError
 
 logger = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import anyio
 
-from queen.client.durations import seconds, ttl_seconds
-from queen.client.errors import ApiError, ClientError, LockLost, LockNotAcquired
-from queen.client.lease import Lease, LostReason, State
+from queen_client.durations import seconds, ttl_seconds
+from queen_client.errors import ApiError, ClientError, LockLost, LockNotAcquired
+from queen_client.lease import Lease, LostReason, State
 
 logger = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ reused, since its next answer could belong to the interrupted request.
 
 from __future__ import annotations
 
+import logging
 import random
 import socket
 import ssl
@@ -22,7 +23,7 @@ import anyio.abc
 import h11
 import orjson
 
-from queen.client.errors import (
+from queen_client.errors import (
     ApiError,
     RateLimited,
     RequestTimeout,
@@ -30,6 +31,8 @@ from queen.client.errors import (
     UnavailableError,
     from_response,
 )
+
+logger = logging.getLogger(__name__)
 
 RECEIVE_BYTES = 65536
 # Backoff between retries: from 50 ms doubling to 2 s, full jitter, so a crowd of clients that
@@ -198,10 +201,10 @@ class Transport:
         while True:
             try:
                 status, headers, data = await self.request(method, path, body, timeout_s)
-            except TransportError:
+            except TransportError as error:
                 if not safe or not self._may_retry(attempt, deadline, 0.0):
                     raise
-                await self._pause(attempt, deadline, 0.0)
+                await self._pause(attempt, deadline, 0.0, why=(method, path, error))
                 attempt += 1
                 continue
             if 200 <= status < 300:
@@ -213,13 +216,13 @@ class Transport:
                 precise_ms = error.details.get("retryAfterMs")
                 wait_s = precise_ms / 1000 if isinstance(precise_ms, int) else error.retry_after_s or 0.0
                 if self._may_retry(attempt, deadline, wait_s):
-                    await self._pause(attempt, deadline, wait_s, exact=True)
+                    await self._pause(attempt, deadline, wait_s, exact=True, why=(method, path, error))
                     attempt += 1
                     continue
             elif isinstance(error, UnavailableError) and (safe or error.code in NOTHING_APPLIED_503):
                 hint = min(error.retry_after_s or 0.0, BACKOFF_MAX_S)
                 if self._may_retry(attempt, deadline, hint):
-                    await self._pause(attempt, deadline, hint)
+                    await self._pause(attempt, deadline, hint, why=(method, path, error))
                     attempt += 1
                     continue
             raise error
@@ -229,13 +232,18 @@ class Transport:
             return anyio.current_time() + hint_s < deadline
         return attempt < self.retries_max
 
-    async def _pause(self, attempt: int, deadline: float | None, hint_s: float, exact: bool = False) -> None:
+    async def _pause(self, attempt: int, deadline: float | None, hint_s: float, exact: bool = False, *,
+                     why: tuple[str, str, Exception]) -> None:
         """exact: wait the hint (and up to a tenth more, so a crowd does not come back in step),
-        not the growing backoff: the server said when there will be room."""
+        not the growing backoff: the server said when there will be room. Each retry is logged at
+        warning: the call succeeds in the end, but a broker that keeps refusing is worth seeing."""
         self.retries += 1
         delay = hint_s * random.uniform(1.0, 1.1) if exact else max(hint_s, backoff_s(attempt))
         if deadline is not None:
             delay = max(0.0, min(delay, deadline - anyio.current_time()))
+        method, path, error = why
+        logger.warning("event=request_retry method=%s path=%s attempt=%d delay_s=%.2f error=%r", method,
+                       path.split("?", 1)[0], attempt + 1, delay, str(error))
         await anyio.sleep(delay)
 
     async def aclose(self) -> None:

@@ -9,6 +9,8 @@ lock (`LockLost` out of `hold()`, `LockNotAcquired` when `hold()` could not star
 
 from __future__ import annotations
 
+import sys
+
 import orjson
 
 
@@ -86,6 +88,14 @@ class Interrupted(SystemExit):
 
     def __init__(self) -> None:
         super().__init__(130)
+
+
+def say_interrupted(queue_name: str) -> None:
+    """The one line a worker stopped by Ctrl-C leaves on stderr before raising Interrupted. Printed,
+    not logged: it stands in for the traceback Ctrl-C would print, so it shows whether or not the
+    program configured logging (the `queen_client` logger has only a NullHandler until it does)."""
+    print(f"queen: interrupted; the worker on {queue_name!r} stopped, its leases released", file=sys.stderr,
+          flush=True)
 
 
 class LockNotAcquired(ClientError):

@@ -1,6 +1,6 @@
-"""`queen.Client`: the async client, for asyncio and Trio alike (anyio picks the running one).
+"""`queen_client.Client`: the async client, for asyncio and Trio alike (anyio picks the running one).
 
-    async with queen.Client() as client:          # QUEEN_URL, or http://127.0.0.1:6632; QUEEN_TOKEN
+    async with queen_client.Client() as client:          # QUEEN_URL, or http://127.0.0.1:6632; QUEEN_TOKEN
         async with client.lock("nightly-report", ttl="30s").hold(wait="10s"):
             ...
 
@@ -20,12 +20,12 @@ from urllib.parse import urlencode
 import anyio
 import anyio.abc
 
-from queen.client._http import Transport
-from queen.client.kv import Kv
-from queen.client.locks import Lock, Locks, Semaphore
-from queen.client.queues import Queue
-from queen.client.timers import Timers
-from queen.client.txn import Transaction
+from queen_client._http import Transport
+from queen_client.kv import Kv
+from queen_client.locks import Lock, Locks, Semaphore
+from queen_client.queues import Queue
+from queen_client.timers import Timers
+from queen_client.txn import Transaction
 
 DEFAULT_URL = "http://127.0.0.1:6632"
 
@@ -64,7 +64,7 @@ class Client:
         self._held: dict[int, Lock] = {}
 
     def __repr__(self) -> str:
-        return f"<queen.Client {self.url}>"
+        return f"<queen_client.Client {self.url}>"
 
     async def __aenter__(self) -> Client:
         task_group = anyio.create_task_group()
@@ -128,7 +128,7 @@ class Client:
     def _require_task_group(self) -> None:
         if self._task_group is None:
             raise RuntimeError("lock handles renew, and consumers extend their leases, in the background, in the "
-                               "client's task group: use `async with queen.Client() as client:` (or make a lock "
+                               "client's task group: use `async with queen_client.Client() as client:` (or make a lock "
                                "handle with auto_renew=False and call keep_alive() in your loop)")
 
     def _start(self, fn, *args) -> None:

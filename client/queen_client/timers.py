@@ -1,6 +1,6 @@
 """Timers in the SDK: `client.timers`, messages scheduled into a queue partition for later.
 
-    async with queen.Client() as client:
+    async with queen_client.Client() as client:
         await client.timers.schedule("orders", "order-42:payment-timeout", {"orderId": 42},
                                      delay="15m", partition="customer-42")
         await client.timers.cancel("orders", "order-42:payment-timeout")   # paid in time
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import urlencode
 
-from queen.client.durations import seconds as seconds_of
-from queen.client.kv import given
+from queen_client.durations import seconds as seconds_of
+from queen_client.kv import given
 
 
 @dataclass(frozen=True, slots=True)

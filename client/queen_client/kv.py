@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from queen.client.durations import lifetime_fields
+from queen_client.durations import lifetime_fields
 
 PAGE_ITEMS_MAX = 1000  # the server's limit on one getPrefix page
 

@@ -1,6 +1,6 @@
-"""`queen.SyncClient`: the blocking client, for scripts and cron jobs.
+"""`queen_client.SyncClient`: the blocking client, for scripts and cron jobs.
 
-    with queen.SyncClient() as client:
+    with queen_client.SyncClient() as client:
         with client.lock("nightly-report", ttl="30s").hold():
             build_report()
 
@@ -32,13 +32,13 @@ from functools import partial
 import anyio
 from anyio.from_thread import BlockingPortal
 
-from queen.client.client import Client
-from queen.client.errors import Interrupted, LockLost, LockNotAcquired
-from queen.client.kv import PAGE_ITEMS_MAX, Item, Kv
-from queen.client.locks import Holder, Lock, Locks, RunResult
-from queen.client.queues import Delivery, Message, Queue
-from queen.client.timers import Timer, Timers
-from queen.client.txn import TxnKv, TxnResult
+from queen_client.client import Client
+from queen_client.errors import Interrupted, LockLost, LockNotAcquired, say_interrupted
+from queen_client.kv import PAGE_ITEMS_MAX, Item, Kv
+from queen_client.locks import Holder, Lock, Locks, RunResult
+from queen_client.queues import Delivery, Message, Queue
+from queen_client.timers import Timer, Timers
+from queen_client.txn import TxnKv, TxnResult
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ _set_async_exc.restype = ctypes.c_int
 class SyncClient:
     def __init__(self, url: str | None = None, *, token: str | None = None, ca_file: str | None = None,
                  connections_max: int = 16, timeout_s: float = 10.0, retries_max: int = 5):
-        """As queen.Client's."""
+        """As queen_client.Client's."""
         self._settings = dict(url=url, token=token, ca_file=ca_file, connections_max=connections_max,
                               timeout_s=timeout_s, retries_max=retries_max)
         self._portal: BlockingPortal | None = None
@@ -83,7 +83,7 @@ class SyncClient:
         atexit.register(self.close)  # a script that forgets close() still releases what it holds
 
     def __repr__(self) -> str:
-        return f"<queen.SyncClient {self.url}>"
+        return f"<queen_client.SyncClient {self.url}>"
 
     def _run_loop(self) -> None:
         try:
@@ -384,7 +384,7 @@ class SyncQueue:
         self.name = queue.name
 
     def __repr__(self) -> str:
-        return f"<queen.SyncQueue {self.name!r}>"
+        return f"<queen_client.SyncQueue {self.name!r}>"
 
     configure = _blocking(Queue.configure)
     push = _blocking(Queue.push)
@@ -433,9 +433,9 @@ class SyncQueue:
         SIGTERM or Ctrl-C (handle_signals, in the main thread): no new pop, the running handler
         gets up to `grace` to finish (then it is interrupted), what finished is acked and the lease
         released, so the rest is delivered again at once with its retry count unchanged; a second
-        signal cuts the grace short. Returns after a stop or SIGTERM; raises queen.Interrupted
+        signal cuts the grace short. Returns after a stop or SIGTERM; raises queen_client.Interrupted
         (exit 130, no traceback) after Ctrl-C."""
-        from queen.client.durations import seconds
+        from queen_client.durations import seconds
 
         stopping = self._sync._call(anyio.Event)
         steps = self._queue.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease,
@@ -464,7 +464,7 @@ class SyncQueue:
             stopper.done()
             self._close(steps)
         if signal.SIGINT in stopper.signals:
-            logger.warning("queen: interrupted; the worker on %r stopped, its leases released", self._queue.name)
+            say_interrupted(self._queue.name)
             raise Interrupted
 
     def _next(self, steps, failure: Exception | None) -> Message | None:

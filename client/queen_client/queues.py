@@ -1,6 +1,6 @@
 """The queue half of the SDK: `client.queue("orders")`, its calls, typed results, and consumers.
 
-    async with queen.Client() as client:
+    async with queen_client.Client() as client:
         orders = client.queue("orders")
         await orders.push({"orderId": 1}, partition="customer-42")
         async for message in orders.consume(group="emailer", batch=10):
@@ -36,10 +36,10 @@ from urllib.parse import quote, urlencode
 
 import anyio
 
-from queen.client import consumer
-from queen.client.durations import seconds as seconds_of
-from queen.client.errors import Interrupted
-from queen.client.kv import given
+from queen_client import consumer
+from queen_client.durations import seconds as seconds_of
+from queen_client.errors import Interrupted, say_interrupted
+from queen_client.kv import given
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class Queue:
         self.name = name
 
     def __repr__(self) -> str:
-        return f"<queen.Queue {self.name!r}>"
+        return f"<queen_client.Queue {self.name!r}>"
 
     # -- producing ------------------------------------------------------------------------------
 
@@ -219,7 +219,7 @@ class Queue:
         return result
 
     async def push_many(self, items: Iterable, *, partition: str | None = None) -> list[PushResult]:
-        """Append several messages in one call: each item a payload, or a `queen.Push`. Results in
+        """Append several messages in one call: each item a payload, or a `queen_client.Push`. Results in
         order; items are independent (one's "failed" does not stop the others)."""
         wire = []
         for item in items:
@@ -298,7 +298,7 @@ class Queue:
                 lease=None) -> AsyncIterator[Message]:
         """Every message of the queue for `group`, one at a time, forever (see the module docstring
         for how they are acked and what leaving the loop does); a broker restart or a dropped
-        connection is waited out (queen/client/consumer.py). Needs `async with queen.Client()`."""
+        connection is waited out (client/queen_client/consumer.py). Needs `async with queen_client.Client()`."""
         return self.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease)
 
     async def process(self, handler: Callable[[Message], object | Awaitable[object]], *, group: str | None = None,
@@ -310,9 +310,9 @@ class Queue:
         is set, or on SIGTERM or Ctrl-C (handle_signals, in the main thread): no new pop, the
         running handler gets up to `grace` to finish, what finished is acked and the lease
         released, so the rest is delivered again at once with its retry count unchanged; a second
-        signal cuts the grace short. Returns after a stop or SIGTERM; raises queen.Interrupted
+        signal cuts the grace short. Returns after a stop or SIGTERM; raises queen_client.Interrupted
         (exit 130, no traceback) after Ctrl-C. Cancelling the call stops it at once, with the
-        same acks and release. Needs `async with queen.Client()`."""
+        same acks and release. Needs `async with queen_client.Client()`."""
         grace_s = seconds_of(grace, "grace")
         stopping = anyio.Event()
         signalled: list[int] = []
@@ -371,13 +371,13 @@ class Queue:
                     await steps.aclose()
                 watchers.cancel_scope.cancel()
         if signal.SIGINT in signalled:
-            logger.warning("queen: interrupted; the worker on %r stopped, its leases released", self.name)
+            say_interrupted(self.name)
             raise Interrupted
 
     def deliveries(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s", lease=None,
                    stopping: anyio.Event | None = None) -> AsyncGenerator[Message, Exception | None]:
         """The one delivery loop behind consume() and process(), async and blocking alike
-        (queen/client/consumer.py): yields each message and is sent back how handling it went."""
+        (client/queen_client/consumer.py): yields each message and is sent back how handling it went."""
         return consumer.deliveries(self, group=group, batch=batch, partitions=partitions, wait=wait, lease=lease,
                                    stopping=stopping)
 
