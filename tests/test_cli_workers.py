@@ -5,6 +5,7 @@ one call may wait. Every wait here is on a real process (a line written, an exit
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -115,6 +116,28 @@ def test_sigterm_lets_a_running_command_finish_within_the_grace_and_acks_it(serv
         info = slow.info()
         assert [(g["pending"], g["inFlight"]) for g in info["groups"]] == [(0, 0)]  # acked completed
         assert slow.dlq() == []
+
+
+def test_sigterm_stops_a_worker_that_cannot_reach_the_broker(tmp_path):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    err_path = tmp_path / "stderr"
+    with open(err_path, "w") as err_file:
+        worker = subprocess.Popen([*QUEEN, "queue", "consume", "nowhere", "--", "true"],
+                                  env=dict(os.environ, QUEEN_URL=url), stdout=subprocess.DEVNULL, stderr=err_file)
+        try:
+            # Its first call (the queue's lease time) is failing and being retried.
+            wait_for(lambda: "consumer_waiting_for_broker" in err_path.read_text(), "the worker to wait for the broker")
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=30)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    err = err_path.read_text()
+    assert worker.returncode == 0, err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("command", [

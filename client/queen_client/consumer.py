@@ -82,29 +82,30 @@ async def steadily(call, reconnect: Reconnect, give_up_s: float | None = None):
         return answer
 
 
-async def _pop_unless_stopped(queue, stopping: anyio.Event | None, **pop):
-    """A pop, given up (None) the moment `stopping` is set: a parked pop whose client hangs up is
-    never handed anything by the broker."""
+async def _unless_stopped(call, stopping: anyio.Event | None):
+    """call()'s answer, or None the moment `stopping` is set (call() is cancelled then): a parked
+    pop whose client hangs up is never handed anything by the broker, and a stopping worker does
+    not wait on a broker it cannot reach."""
     if stopping is None:
-        return await queue.pop(**pop)
+        return await call()
     if stopping.is_set():
         return None
-    delivery = failure = None
+    answer = failure = None
     async with anyio.create_task_group() as tasks:
-        async def popped() -> None:
-            nonlocal delivery, failure
+        async def called() -> None:
+            nonlocal answer, failure
             try:
-                delivery = await queue.pop(**pop)
+                answer = await call()
             except Exception as error:  # noqa: BLE001 - raised below, outside the task group's wrapping
                 failure = error
             tasks.cancel_scope.cancel()
 
-        tasks.start_soon(popped)
+        tasks.start_soon(called)
         await stopping.wait()
         tasks.cancel_scope.cancel()
     if failure is not None:
         raise failure
-    return delivery
+    return answer
 
 
 async def deliveries(queue, *, group: str | None, batch: int, partitions: int, wait, lease,
@@ -120,15 +121,17 @@ async def deliveries(queue, *, group: str | None, batch: int, partitions: int, w
     if lease is not None:
         lease_s = seconds_of(lease)
     else:
-        lease_s = await steadily(queue._lease_time_s, reconnect)
+        lease_s = await _unless_stopped(lambda: steadily(queue._lease_time_s, reconnect), stopping)
+        if lease_s is None:
+            return  # stopped while the broker could not be reached
     while stopping is None or not stopping.is_set():
         try:
-            delivery = await _pop_unless_stopped(queue, stopping, group=group, batch=batch, partitions=partitions,
-                                                 wait=wait)
+            delivery = await _unless_stopped(lambda: queue.pop(group=group, batch=batch, partitions=partitions,
+                                                                wait=wait), stopping)
         except Exception as error:  # noqa: BLE001 - waited out when it heals, raised when not
             if not heals(error):
                 raise
-            await reconnect.wait(error)
+            await _unless_stopped(lambda e=error: reconnect.wait(e), stopping)
             continue
         reconnect.reset()
         if delivery is None:

@@ -15,9 +15,17 @@ import logging
 import os
 import sys
 
-from queen.cli.serve import server_dependencies_missing
-
 EXIT_CLEAN, EXIT_TIDIED, EXIT_USAGE, EXIT_DAMAGED, EXIT_REFUSED = 0, 1, 2, 3, 4
+
+
+def server_dependencies_missing(command: str, missing: ModuleNotFoundError) -> int:
+    """One line instead of a traceback when a server command runs where only part of Queen is
+    installed (the package without its dependencies, e.g. `pip install --no-deps`): exit 2."""
+    if (missing.name or "").partition(".")[0] in ("queen", "queen_client"):
+        raise missing  # a module of our own is gone: a broken install, not a missing dependency
+    print(f"queen {command}: the server's dependencies are not installed (no module {missing.name!r}); install "
+          "the server distribution with them, from a checkout of Queen: pip install ./client .", file=sys.stderr)
+    return 2
 
 
 def add_parser(commands) -> None:

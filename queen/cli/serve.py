@@ -13,7 +13,7 @@ import sys
 import textwrap
 
 from queen.auth import AuthFileError
-from queen.cli.check import EXIT_REFUSED
+from queen.cli.check import EXIT_REFUSED, server_dependencies_missing
 from queen.config import Config, config_fields, validate
 from queen.errors import CorruptLog, RefusedToStart, VersionsExhausted
 from queen.logs import LineFormatter
@@ -160,16 +160,6 @@ def _log_refusal(failure: RefusedToStart) -> None:
         logger.error("event=start_failed reason=versions_exhausted detail=%r action=refusing_to_start", str(failure))
     else:
         logger.error("event=start_failed reason=unreadable_format detail=%r action=refusing_to_start", str(failure))
-
-
-def server_dependencies_missing(command: str, missing: ModuleNotFoundError) -> int:
-    """One line instead of a traceback when a server command runs where only part of Queen is
-    installed (the package without its dependencies, e.g. `pip install --no-deps`): exit 2."""
-    if (missing.name or "").partition(".")[0] in ("queen", "queen_client"):
-        raise missing  # a module of our own is gone: a broken install, not a missing dependency
-    print(f"queen {command}: the server's dependencies are not installed (no module {missing.name!r}); install "
-          "the server distribution with them, from a checkout of Queen: pip install ./client .", file=sys.stderr)
-    return 2
 
 
 def _first_leaf(error: BaseException) -> BaseException:

@@ -58,7 +58,6 @@ def test_the_queen_command_shows_the_sdks_warnings_on_stderr():
         first = worker.stderr.readline() if ready else "(nothing in 30 s)"
         assert first.startswith("event=consumer_waiting_for_broker queue=nowhere attempt=1"), first
     finally:
-        # Killed, not stopped: a consumer still waiting for its queue's lease time (its first call)
-        # does not heed SIGTERM yet (a known gap, outside what this test checks).
+        # Killed: how it stops on SIGTERM while it waits is tests/test_cli_workers.py's to check.
         worker.kill()
         worker.communicate(timeout=30)
