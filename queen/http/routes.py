@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qs, unquote
 
+from queen import __version__
 from queen.auth import ADMIN, OPEN, READ, SERVER, WRITE, Authenticator, Forbidden, require
 from queen.core import tenants
 from queen.core.kv import (
@@ -46,6 +47,7 @@ from queen.core.timer_ops import parse_timer_ops
 from queen.errors import BadRequest, QueenError
 from queen.http import queen_mq
 from queen.http.codec import CBOR, decode_body, encode_body
+from queen.http.openapi import build_document
 from queen.http.tenancy import AREAS, KV, QUEUES, Tenancy, audit
 from queen.http.wire import Request, Response
 
@@ -58,6 +60,10 @@ class MethodNotAllowed(QueenError):
     http_status = 405
 
 
+# Answered inline by Api.handle, before any token is read: a health check needs none.
+HEALTH_PATHS = ("/healthz", "/health")  # /health: the Queen MQ client's spelling
+
+
 class Api:
     """The routes, as a table: method and path pattern to handler. Every handler takes the request,
     the path's captured parts and the query parameters, and returns the answer's document."""
@@ -68,6 +74,7 @@ class Api:
         self.metrics = metrics  # (tenant prefix or None for every tenant) -> the exposition text
         self.tenancy = tenancy if tenancy is not None else Tenancy(router)
         self.gate = Authenticator(None)  # replaced whole when the auth file is read again
+        self.openapi = build_document(__version__, limits)  # GET /api/v1/openapi.json: static
         # Exact paths first (the hot ones are looked up in one dict), then patterns in order.
         # Each handler with the least a caller's role must have (queen/auth.py); a route whose
         # body may hold reads or writes (a KV batch, locks, timers, a transaction) asks for more
@@ -89,6 +96,7 @@ class Api:
             "/api/v1/pause": {b"POST": (self._pause, ADMIN)},
             "/api/v1/resume": {b"POST": (self._pause, ADMIN)},
             "/metrics": {b"GET": (self._metrics, READ)},
+            "/api/v1/openapi.json": {b"GET": (self._openapi, READ)},
         }
         self.patterns: list[tuple[re.Pattern, dict[bytes, tuple]]] = [
             (re.compile(r"/api/v1/kv/(.+)"), {b"GET": (self._kv_one_key, READ), b"PUT": (self._kv_one_key, WRITE),
@@ -115,7 +123,7 @@ class Api:
         handlers = self.exact.get(path)
         parts: tuple = ()
         if handlers is None:
-            if path == "/healthz" or path == "/health":  # /health: the Queen MQ client's spelling; no token
+            if path in HEALTH_PATHS:
                 _allow(method, b"GET")
                 return self._health(request)
             for pattern, candidates in self.patterns:
@@ -154,6 +162,11 @@ class Api:
         if self.router.draining:
             return self._reply(request, {"status": "shutting_down"}, 503)
         return self._reply(request, {"status": "ok"})
+
+    async def _openapi(self, request: Request, parts, query):
+        """The API reference (queen/http/openapi.py), built at start."""
+        check_params(_query(query), frozenset())
+        return self.openapi
 
     # -- KV --------------------------------------------------------------------------------------
 

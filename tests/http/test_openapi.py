@@ -1,0 +1,161 @@
+"""GET /api/v1/openapi.json describes every route of the route table, and the running server keeps
+to it: schemathesis generates calls of every operation from the document and checks the answers
+(no 5xx, a documented status and content type, a body its schema allows)."""
+
+from __future__ import annotations
+
+import re
+
+import cbor2
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from queen import __version__
+from queen.core.limits import Limits
+from queen.http.openapi import build_document
+from queen.http.routes import HEALTH_PATHS, Api
+from queen.testing import ServerProcess
+
+DOCUMENT = build_document(__version__, Limits())
+
+
+def _table_routes(api: Api) -> set[tuple[str, str]]:
+    """(method, route key) of every route the server serves: exact paths, patterns' sources and the
+    health paths Api.handle answers inline."""
+    routes = {(method.decode(), path) for path, handlers in api.exact.items() for method in handlers}
+    routes |= {(method.decode(), pattern.pattern) for pattern, handlers in api.patterns for method in handlers}
+    routes |= {("GET", path) for path in HEALTH_PATHS}
+    return routes
+
+
+def _documented(document: dict) -> dict[tuple[str, str], list[str]]:
+    """(method, route key) -> the documented paths it serves."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            found.setdefault((method.upper(), operation["x-queen-route"]), []).append(path)
+    return found
+
+
+def test_every_route_is_documented_and_nothing_else():
+    api = Api(None, Limits())
+    routes = _table_routes(api)
+    documented = _documented(DOCUMENT)
+    missing = sorted(routes - set(documented))
+    assert not missing, ("routes with no entry in queen/http/openapi.py (add an Operation for each): "
+                         + ", ".join(f"{method} {route}" for method, route in missing))
+    stale = sorted(set(documented) - routes)
+    assert not stale, ("documented but not in the route table: "
+                       + ", ".join(f"{method} {route}" for method, route in stale))
+
+
+def _dispatch(api: Api, path: str) -> str | None:
+    """The route key Api.handle picks for a path: an exact path first, then the first pattern."""
+    if path in api.exact or path in HEALTH_PATHS:
+        return path
+    for pattern, _ in api.patterns:
+        if pattern.fullmatch(path):
+            return pattern.pattern
+    return None
+
+
+def test_each_documented_path_reaches_the_route_it_names():
+    """A path template filled in with plain values is dispatched to the route its entry names: the
+    document's paths are the ones a client must call."""
+    api = Api(None, Limits())
+    for path, item in DOCUMENT["paths"].items():
+        sample = re.sub(r"\{leaseId\}", "7", path)
+        sample = re.sub(r"\{[^}]+\}", "name-1", sample)
+        for method, operation in item.items():
+            assert _dispatch(api, sample) == operation["x-queen-route"], (method, path)
+
+
+def test_every_operation_names_its_least_role_and_answers():
+    for path, item in DOCUMENT["paths"].items():
+        for method, operation in item.items():
+            assert operation["x-queen-role"] in ("none", "reader", "writer", "admin", "operator"), (method, path)
+            assert "200" in operation["responses"], (method, path)
+            needs_token = operation["x-queen-role"] != "none"
+            assert ("401" in operation["responses"]) == needs_token, (method, path)
+            placeholders = set(re.findall(r"\{([^}]+)\}", path))
+            in_path = {p["name"] for p in operation.get("parameters", ()) if p["in"] == "path"}
+            assert placeholders == in_path, (method, path)
+
+
+def test_the_documents_roles_are_the_route_tables_levels():
+    """x-queen-role says the level the route table asks of a caller before the handler runs."""
+    from queen.auth import ADMIN, READ, SERVER, WRITE
+
+    role_of = {READ: "reader", WRITE: "writer", ADMIN: "admin", SERVER: "operator"}
+    api = Api(None, Limits())
+    levels = {(m.decode(), path): level for path, hs in api.exact.items() for m, (_, level) in hs.items()}
+    levels |= {(m.decode(), p.pattern): level for p, hs in api.patterns for m, (_, level) in hs.items()}
+    for item in DOCUMENT["paths"].values():
+        for method, operation in item.items():
+            key = (method.upper(), operation["x-queen-route"])
+            if key in levels:
+                assert operation["x-queen-role"] == role_of[levels[key]], key
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with ServerProcess(str(tmp_path_factory.mktemp("openapi") / "data")) as process:
+        yield process
+
+
+def test_the_server_serves_the_document(server):
+    status, document = server.request("GET", "/api/v1/openapi.json")
+    assert status == 200
+    assert document == DOCUMENT
+    assert document["info"]["version"] == __version__
+    status, _ = server.request("GET", "/api/v1/openapi.json?x=1")
+    assert status == 400
+
+
+# -- the property test: the running server against its document ----------------------------------------
+
+schema = schemathesis.openapi.from_dict(DOCUMENT)
+
+
+@schemathesis.serializer("application/cbor")
+def _cbor(ctx, value):
+    return cbor2.dumps(value)
+
+
+_CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+# How long a generated call may park (waitMs, Queen MQ's timeout): a parked pop or acquire answers
+# as documented when its wait runs out, so a shorter wait tests the same and keeps the run short.
+_WAIT_MS_CAP = 20
+
+
+def _cap_waits(case) -> None:
+    if isinstance(case.query, dict):
+        for name in ("waitMs", "timeout"):
+            if isinstance(case.query.get(name), int):
+                case.query[name] = min(case.query[name], _WAIT_MS_CAP)
+    if isinstance(case.body, dict):
+        for op in case.body.get("operations") or ():
+            if isinstance(op, dict) and isinstance(op.get("waitMs"), int):
+                op["waitMs"] = min(op["waitMs"], _WAIT_MS_CAP)
+
+
+@schema.parametrize()
+@settings(max_examples=25, derandomize=True, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+def test_the_server_keeps_to_its_document(case, server):
+    _cap_waits(case)
+    try:
+        case.call_and_validate(base_url=server.url, checks=_CHECKS, timeout=10)
+    finally:
+        if case.path in ("/api/v1/pause",):
+            # A pause is a documented answer, but it would make every later write of the run answer
+            # 503 paused: resume at once.
+            status, _ = server.request("POST", "/api/v1/resume", {"kv": True, "queues": True})
+            assert status == 200
