@@ -396,10 +396,10 @@ def _operations(limits: Limits) -> list[Operation]:
         Operation("GET", "/api/v1/tenants", "/api/v1/tenants", "operator", "Every tenant known", "Tenants",
                   statuses=(403,)),
         Operation("POST", "/api/v1/pause", "/api/v1/pause", "admin", "Pause a tenant's kv and/or queues writes",
-                  "Paused", body="Pause", body_required=False, statuses=(403, 404, 503),
+                  "Paused", body="Pause", body_required=False, statuses=(403, 404, 503, 507),
                   description="Only the operator names another tenant (404 when no one knows it)."),
         Operation("POST", "/api/v1/resume", "/api/v1/resume", "admin", "Resume a tenant's writes", "Paused",
-                  body="Pause", body_required=False, statuses=(403, 404, 503)),
+                  body="Pause", body_required=False, statuses=(403, 404, 503, 507)),
     ]
 
 

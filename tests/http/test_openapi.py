@@ -167,15 +167,25 @@ _CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance
 _WAIT_MS_CAP = 20
 
 
+def _capped(value):
+    if isinstance(value, int) and not isinstance(value, bool):
+        return min(value, _WAIT_MS_CAP)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return str(min(int(value), _WAIT_MS_CAP))
+    return value
+
+
 def _cap_waits(case) -> None:
     if isinstance(case.query, dict):
         for name in ("waitMs", "timeout"):
-            if isinstance(case.query.get(name), int):
-                case.query[name] = min(case.query[name], _WAIT_MS_CAP)
+            if name in case.query:
+                case.query[name] = _capped(case.query[name])
+        if case.query.get("wait") == "true" and "timeout" not in case.query:
+            case.query["timeout"] = _WAIT_MS_CAP  # else Queen MQ's default wait, 30 s
     if isinstance(case.body, dict):
         for op in case.body.get("operations") or ():
-            if isinstance(op, dict) and isinstance(op.get("waitMs"), int):
-                op["waitMs"] = min(op["waitMs"], _WAIT_MS_CAP)
+            if isinstance(op, dict) and "waitMs" in op:
+                op["waitMs"] = _capped(op["waitMs"])
 
 
 @schema.parametrize()
