@@ -49,6 +49,7 @@ from queen.histogram import RequestSeries
 from queen.http import queen_mq
 from queen.http.codec import CBOR, decode_body, encode_body
 from queen.http.dashboard import load_assets
+from queen.http.openapi import build_document
 from queen.http.tenancy import AREAS, KV, QUEUES, Tenancy, audit
 from queen.http.wire import Request, Response
 
@@ -59,6 +60,10 @@ class NotFound(QueenError):
 
 class MethodNotAllowed(QueenError):
     http_status = 405
+
+
+# Answered inline by Api.handle, before any token is read: a health check needs none.
+HEALTH_PATHS = ("/healthz", "/health")  # /health: the Queen MQ client's spelling
 
 
 class Api:
@@ -75,6 +80,7 @@ class Api:
         self.assets = load_assets()  # the dashboard's files, by path
         self.tenancy = tenancy if tenancy is not None else Tenancy(router)
         self.gate = Authenticator(None)  # replaced whole when the auth file is read again
+        self.openapi = build_document(__version__, limits)  # GET /api/v1/openapi.json: static
         # Exact paths first (the hot ones are looked up in one dict), then patterns in order.
         # Each handler with the least a caller's role must have (queen/auth.py); a route whose
         # body may hold reads or writes (a KV batch, locks, timers, a transaction) asks for more
@@ -98,6 +104,7 @@ class Api:
             "/api/v1/resume": {b"POST": (self._pause, ADMIN)},
             "/api/v1/server": {b"GET": (self._server, READ)},
             "/metrics": {b"GET": (self._metrics, READ)},
+            "/api/v1/openapi.json": {b"GET": (self._openapi, READ)},
         }
         self.patterns: list[tuple[re.Pattern, dict[bytes, tuple]]] = [
             (re.compile(r"/api/v1/kv/(.+)"), {b"GET": (self._kv_one_key, READ), b"PUT": (self._kv_one_key, WRITE),
@@ -143,7 +150,7 @@ class Api:
         handlers = self.exact.get(path)
         parts: tuple = ()
         if handlers is None:
-            if path == "/healthz" or path == "/health":  # /health: the Queen MQ client's spelling; no token
+            if path in HEALTH_PATHS:
                 _allow(method, b"GET")
                 request.route = self._health_series[path]
                 return self._health(request)
@@ -190,6 +197,11 @@ class Api:
         if self.router.draining:
             return self._reply(request, {"status": "shutting_down"}, 503)
         return self._reply(request, {"status": "ok"})
+
+    async def _openapi(self, request: Request, parts, query):
+        """The API reference (queen/http/openapi.py), built at start."""
+        check_params(_query(query), frozenset())
+        return self.openapi
 
     # -- KV --------------------------------------------------------------------------------------
 

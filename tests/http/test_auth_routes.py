@@ -268,6 +268,9 @@ ROWS = [
         lambda b: set(b) == {"version", "startedAt", "uptimeSeconds"}),  # the server's own figures: operator only
     Row("/metrics", "GET", READ, lambda n: ("/metrics", None),
         lambda b: b'queue="orders"' not in b and b'tenant="acme"' not in b),
+    # the API reference: the same document for every caller, naming no tenant's data
+    Row("/api/v1/openapi.json", "GET", READ, lambda n: ("/api/v1/openapi.json", None),
+        lambda b: "/api/v1/kv" in b["paths"]),
 ]
 
 # The level of each caller (0: no valid token). The other tenant's admin is a tenant of its own per row.
