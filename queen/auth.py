@@ -35,7 +35,7 @@ from queen.errors import QueenError
 ROLES = ("reader", "writer", "admin")
 # What a call needs, in order: each role has every level up to its own.
 READ, WRITE, ADMIN, SERVER = 1, 2, 3, 4
-LEVEL_NAMES = {READ: "read", WRITE: "write", ADMIN: "admin", SERVER: "server admin"}
+LEVEL_NAMES = {READ: "read", WRITE: "write", ADMIN: "admin", SERVER: "operator (an admin of tenant *)"}
 _ROLE_LEVEL = {"reader": READ, "writer": WRITE, "admin": ADMIN}
 SECRET_PREFIX = "queen_"
 _ID_LENGTH = 12

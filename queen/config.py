@@ -32,8 +32,8 @@ class Config:
     connections_max: int = _opt(1024, "concurrent connections (lowered at start to what the open-file limit allows); "
                                 "at the limit a new one takes the place of the longest-idle keep-alive connection, "
                                 "else of the call parked longest (answered as if its wait ran out), else gets 503", "N")
-    ops_per_call_max: int = _opt(1024, "operations in one KV batch or transaction", "N")
-    value_bytes_max: int = _opt(256 << 10, "largest KV value, measured as its JSON encoding", "BYTES")
+    ops_per_call_max: int = _opt(1024, "operations in one call: a KV batch, a transaction (all sections), a push, an ack batch, a timers call", "N")
+    value_bytes_max: int = _opt(256 << 10, "largest KV value or message payload, measured as its JSON encoding", "BYTES")
     ns_bytes_max: int = _opt(128, "longest KV namespace", "BYTES")
     key_bytes_max: int = _opt(1024, "longest KV key (a lock permit's key is its name, '#' and its slot)", "BYTES")
     pop_bytes_max: int = _opt(4 << 20, "payload bytes one pop answers at most (it always holds at least one message)", "BYTES")

@@ -228,6 +228,29 @@ def test_check_reads_a_whole_backup_as_clean(tmp_path, a_backup):
     assert checked.returncode == 0 and f"version {version}," in checked.stdout, checked
 
 
+def test_a_restored_directory_is_for_its_owner_only(tmp_path, a_backup):
+    data, _ = a_backup
+    (tmp_path / "state.qbk").write_bytes(data)
+    restore(tmp_path / "state.qbk", tmp_path / "restored")
+    assert os.stat(tmp_path / "restored").st_mode & 0o777 == 0o700
+    for name in os.listdir(tmp_path / "restored"):
+        assert os.stat(tmp_path / "restored" / name).st_mode & 0o077 == 0, name
+
+
+def test_check_takes_a_data_dir_or_a_backup_not_both(tmp_path, a_backup):
+    data, _ = a_backup
+    (tmp_path / "state.qbk").write_bytes(data)
+    done = queen("check", "--data-dir", str(tmp_path), "--backup", str(tmp_path / "state.qbk"))
+    assert done.returncode == 2 and "not allowed with argument" in done.stderr, done
+
+
+def test_a_backup_into_a_missing_directory_names_it(tmp_path):
+    with ServerProcess(str(tmp_path / "data")) as server:
+        done = queen("backup", "--url", server.url, str(tmp_path / "nowhere" / "state.qbk"))
+    assert done.returncode == 2 and f"the directory {tmp_path / 'nowhere'} does not exist" in done.stderr, done
+    assert not os.path.exists(tmp_path / "nowhere")
+
+
 def test_a_backup_being_sent_does_not_stall_other_requests(tmp_path):
     """A backup of several megabytes, which the client stops reading part way: the server is then
     sending it, its socket full, and /healthz still answers; then the rest arrives whole."""

@@ -72,6 +72,9 @@ class _Failed(Exception):
 def run_backup(args) -> int:
     out = args.out
     tmp = out + ".tmp"
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        return _fail(EXIT_USAGE, f"cannot write {out}: the directory {folder} does not exist")
     try:
         version, size = _download(args, tmp)
         _check_downloaded(tmp, version)
@@ -202,7 +205,7 @@ def run_restore(args) -> int:
         return status
     try:
         if not os.path.isdir(data_dir):
-            os.makedirs(data_dir)
+            os.makedirs(data_dir, mode=0o700)
             _fsync_dir(os.path.dirname(os.path.abspath(data_dir)))
         write_restored(data_dir, backup)
     except OSError as error:

@@ -35,10 +35,11 @@ def add_parser(commands) -> None:
                     "byte; refused while a server runs on it. Exit status: 0 clean, 1 a torn tail or leftovers "
                     "recovery would tidy (nothing acknowledged is lost), 3 damaged (a frame that may have been "
                     "acknowledged would be cut), 4 recovery would refuse to start, 2 usage or in use.")
-    check.add_argument("--data-dir", default=os.environ.get("QUEEN_DATA_DIR", "./queen-data"), metavar="DIR",
-                       help="the data directory [env QUEEN_DATA_DIR] (default: ./queen-data)")
-    check.add_argument("--backup", metavar="FILE",
-                       help="check a backup file instead (`queen backup`): 0 whole, 3 damaged, 4 another format")
+    what = check.add_mutually_exclusive_group()
+    what.add_argument("--data-dir", default=os.environ.get("QUEEN_DATA_DIR", "./queen-data"), metavar="DIR",
+                      help="the data directory [env QUEEN_DATA_DIR] (default: ./queen-data)")
+    what.add_argument("--backup", metavar="FILE",
+                      help="check a backup file instead (`queen backup`): 0 whole, 3 damaged, 4 another format")
     check.set_defaults(run=run)
 
 

@@ -120,7 +120,7 @@ class Server:
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         config = self.config
-        os.makedirs(config.data_dir, exist_ok=True)
+        os.makedirs(config.data_dir, mode=0o700, exist_ok=True)  # the data is the tenants': no one else reads it
         self._lock_data_dir()
         try:
             await self._run(task_status)
@@ -129,7 +129,7 @@ class Server:
 
     def _lock_data_dir(self) -> None:
         path = os.path.join(self.config.data_dir, "LOCK")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:

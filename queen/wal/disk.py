@@ -28,11 +28,11 @@ class Disk:
     # -- writing --------------------------------------------------------------------------------------
 
     def open_append(self, path: str) -> int:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     def create(self, path: str) -> int:
         """A new, empty file open for writing (an existing one is emptied)."""
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
 
     def allocate(self, fd: int, size: int) -> None:
         """Reserve size bytes for a file about to be written from its start, best effort. Writes
