@@ -188,6 +188,16 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              "CONFLICT DO UPDATE the KV rows; DELETE the popped rows; COMMIT)",
              {"queen": q.QueenTxnStep, "postgres": "txn-step"},
              fixed_connections=QUEUE_CONSUMERS, queue=True, preload_queue=True, next_queue=True, extra_units=("empty",)),
+    Workload("queue-cycle-next", "messages",
+             "queue-cycle with each ack batch carrying `next`: the ack and the next pop in one request and one "
+             "fsync (Queen only)",
+             {"queen": q.QueenCycleNext},
+             fixed_connections=QUEUE_CONSUMERS, queue=True, preload_queue=True, extra_units=("empty",)),
+    Workload("txn-step-next", "steps",
+             "txn-step with each transaction carrying `next`: the step and the next pop in one request and one "
+             "fsync (Queen only)",
+             {"queen": q.QueenTxnStepNext},
+             fixed_connections=QUEUE_CONSUMERS, queue=True, preload_queue=True, next_queue=True, extra_units=("empty",)),
     Workload("timer-schedule", "timers",
              "schedule `ops` timers per request an hour ahead, every key new, spread over the partitions: pending "
              "timers grow for the whole run (Queen only: no peer has durable timers)",

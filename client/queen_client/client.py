@@ -103,7 +103,7 @@ class Client:
         return Queue(self, name)
 
     def transaction(self) -> Transaction:
-        return Transaction(self._transport)
+        return Transaction(self._transport, self)
 
     async def queues(self, prefix: str = "") -> AsyncIterator[dict]:
         """Every queue whose name starts with `prefix`, in name order, with its counts (messages,

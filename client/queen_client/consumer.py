@@ -24,6 +24,8 @@ from collections.abc import AsyncGenerator
 
 import anyio
 
+# queues imports this module: its names are read at call time, once both are loaded.
+from queen_client import queues as queue_module
 from queen_client.durations import seconds as seconds_of
 from queen_client.errors import ApiError, TransportError, UnavailableError
 
@@ -124,20 +126,25 @@ async def deliveries(queue, *, group: str | None, batch: int, partitions: int, w
         lease_s = await _unless_stopped(lambda: steadily(queue._lease_time_s, reconnect), stopping)
         if lease_s is None:
             return  # stopped while the broker could not be reached
+    # The final ack of a delivery asks for the next one in the same step (`next`, never parked:
+    # waitMs 0, so a stop is never held up by it); what it brings is handled before popping again.
+    follow = queue_module.next_wire(queue.name, group=group, batch=batch, partitions=partitions)
+    delivery = None
     while stopping is None or not stopping.is_set():
-        try:
-            delivery = await _unless_stopped(lambda: queue.pop(group=group, batch=batch, partitions=partitions,
-                                                                wait=wait), stopping)
-        except Exception as error:  # noqa: BLE001 - waited out when it heals, raised when not
-            if not heals(error):
-                raise
-            await _unless_stopped(lambda e=error: reconnect.wait(e), stopping)
-            continue
-        reconnect.reset()
-        if delivery is None:
-            return  # stopping
-        if not delivery.messages:
-            continue
+        if delivery is None or not delivery.messages:
+            try:
+                delivery = await _unless_stopped(lambda: queue.pop(group=group, batch=batch, partitions=partitions,
+                                                                    wait=wait), stopping)
+            except Exception as error:  # noqa: BLE001 - waited out when it heals, raised when not
+                if not heals(error):
+                    raise
+                await _unless_stopped(lambda e=error: reconnect.wait(e), stopping)
+                continue
+            reconnect.reset()
+            if delivery is None:
+                return  # stopping
+            if not delivery.messages:
+                continue
         keeper = LeaseKeeper(queue, delivery.lease_id, lease_s)
         queue._client._start(keeper.run)
         handled = []
@@ -166,7 +173,10 @@ async def deliveries(queue, *, group: str | None, batch: int, partitions: int, w
         finally:
             keeper.stop()
             with anyio.CancelScope(shield=True):
-                await settle(queue, delivery, handled, finished, reconnect)
+                # A stopping consumer takes no new lease: its last ack goes without `next`.
+                delivery = await settle(queue, delivery, handled, finished, reconnect,
+                                        follow if finished and not (stopping is not None and stopping.is_set()) else None,
+                                        stopping)
 
 
 class LeaseKeeper:
@@ -199,27 +209,62 @@ class LeaseKeeper:
                 continue
 
 
-async def _acked(queue, wire: list[dict], reconnect: Reconnect) -> None:
+async def _acked(queue, wire: list[dict], reconnect: Reconnect, follow: dict | None = None):
     """Send acks until they are answered: acks are fenced by their lease, so sending one again is
-    safe (a completed one answers `already`). One refused for its lease is logged, not raised."""
-    answers = await steadily(lambda: queue._transport.call("POST", "/api/v1/ack/batch", {"acknowledgments": wire},
-                                                           safe=True), reconnect)
+    safe (a completed one answers `already`). One refused for its lease is logged, not raised.
+    With `follow`, the acks carry it as `next` once: the Delivery its pop made (None when it made
+    none). That attempt is not repeated (a pop sent again would take a second lease): if it fails,
+    or the broker predates `next`, the acks go again without it and the caller pops."""
+    delivery = None
+    answers = None
+    if follow is not None:
+        try:
+            answer = await queue._transport.call("POST", "/api/v1/ack/batch", {"acknowledgments": wire, "next": follow},
+                                                 safe=False)
+        except Exception as error:  # noqa: BLE001 - a broker without `next`, or one that heals: sent again below
+            if not (heals(error) or _next_unknown(error)):
+                raise
+        else:
+            answers = answer["results"]
+            if answer.get("next") is not None:
+                delivery = queue._delivery(answer["next"])
+    if answers is None:
+        answers = await steadily(lambda: queue._transport.call("POST", "/api/v1/ack/batch", {"acknowledgments": wire},
+                                                               safe=True), reconnect)
     for sent, answer in zip(wire, answers, strict=False):
         if not answer.get("success"):
             logger.warning("event=ack_refused queue=%s partition_id=%s offset=%s lease_id=%s reason=%s", queue.name,
                            sent["partitionId"], sent["offset"], sent["leaseId"], answer.get("reason"))
+    return delivery
 
 
-async def settle(queue, delivery, handled: list, finished: bool, reconnect: Reconnect) -> None:
+def _next_unknown(error: BaseException) -> bool:
+    """A broker that predates `next` refuses the field whole (nothing was applied)."""
+    return isinstance(error, ApiError) and error.status == 400 and error.details.get("field") == "next"
+
+
+async def settle(queue, delivery, handled: list, finished: bool, reconnect: Reconnect, follow: dict | None = None,
+                 stopping: anyio.Event | None = None):
     """Ack what was handled; when the loop was left early, give the rest of the lease back, so it
     is delivered again at once with its retry count unchanged. Given up on errors that cannot heal
-    (the lease then expires on its own, as it would if this process had died)."""
+    (the lease then expires on its own, as it would if this process had died). With `follow`, the
+    ack asks for the next delivery (`next`): returned, or None; one that arrives after a stop began
+    is given back at once, like the rest of a lease a stopping consumer holds."""
+    following = None
     try:
         if handled:
-            await _acked(queue, [m.ack_wire() for m in handled], reconnect)
+            following = await _acked(queue, [m.ack_wire() for m in handled], reconnect, follow)
             for message in handled:
                 message.settled = True
         if not finished and delivery.lease_id is not None:
             await steadily(lambda: queue.release(delivery.lease_id), reconnect, RELEASE_GIVE_UP_S)
     except Exception as error:  # noqa: BLE001 - nothing more to do here: the broker keeps the lease
         logger.warning("event=settle_failed queue=%s lease_id=%s error=%r", queue.name, delivery.lease_id, str(error))
+    if following is not None and following.messages and stopping is not None and stopping.is_set():
+        lease_id = following.lease_id
+        try:
+            await steadily(lambda: queue.release(lease_id), reconnect, RELEASE_GIVE_UP_S)
+        except Exception as error:  # noqa: BLE001 - as above: it expires on its own
+            logger.warning("event=settle_failed queue=%s lease_id=%s error=%r", queue.name, lease_id, str(error))
+        return None
+    return following

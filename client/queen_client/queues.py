@@ -183,6 +183,17 @@ class AckResult:
                    wire.get("retryCount"), wire.get("reason"))
 
 
+def next_wire(queue: str, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait=None) -> dict:
+    """The `next` of an ack or a transaction: the pop to make in the same step once it applied."""
+    wire = {"queue": queue, "batch": batch, "partitions": partitions}
+    wait_ms = _wait_ms(wait)
+    if wait_ms:
+        wire["waitMs"] = wait_ms
+    if group is not None:
+        wire["consumerGroup"] = group
+    return wire
+
+
 def _wait_ms(wait) -> int:
     """A pop's wait in ms; above the broker's longest wait it is refused, never cut short in silence."""
     wait_ms = 0 if wait is None else int(seconds_of(wait, "wait") * 1000)
@@ -257,6 +268,10 @@ class Queue:
             path += f"/partition/{quote(partition, safe='')}"
         answer = await self._transport.call("GET", f"{path}?{urlencode(params)}", safe=False,
                                             timeout_s=self._transport.timeout_s + wait_ms / 1000)
+        return self._delivery(answer)
+
+    def _delivery(self, answer: dict) -> Delivery:
+        """A pop's answer (or an ack's or a transaction's `next`, which is one) as a Delivery."""
         messages = [Message.from_wire(wire, self.name, self) for wire in answer.get("messages", [])]
         return Delivery(messages, answer.get("leaseId"), answer.get("expiresAt"), answer.get("partitionsClaimed", 0),
                         answer.get("reason"))

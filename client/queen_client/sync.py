@@ -330,6 +330,11 @@ class SyncTransaction:
     def queue(self, name: str) -> _SyncTxnQueue:
         return _SyncTxnQueue(self, name)
 
+    def then_pop(self, queue: str, *, group: str | None = None, batch: int = 1, partitions: int = 1,
+                 wait=None) -> SyncTransaction:
+        self._txn.then_pop(queue, group=group, batch=batch, partitions=partitions, wait=wait)
+        return self
+
     def timer(self, queue: str, key: str, payload=None, *, at=None, delay=None, cron: str | None = None,
               timezone: str | None = None, every=None, partition: str | None = None,
               transaction_id: str | None = None, trace_id: str | None = None) -> SyncTransaction:
@@ -342,7 +347,12 @@ class SyncTransaction:
         return self
 
     def commit(self) -> TxnResult:
-        return self._sync._call(self._txn.commit)
+        result = self._sync._call(self._txn.commit)
+        if result.next is not None:
+            handle = self._sync.queue(self._txn._next["queue"])
+            for message in result.next.messages:
+                message._queue = handle  # so message.ack() blocks too
+        return result
 
 
 class _SyncTxnQueue:

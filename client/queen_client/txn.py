@@ -24,6 +24,7 @@ not counted.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterable
 from contextlib import AsyncExitStack
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from queen_client.errors import LockLost
 from queen_client.kv import CheckResult, Current, Item, WriteResult, write_op
 from queen_client.lease import LostReason
-from queen_client.queues import AckResult, Message, Push, PushResult
+from queen_client.queues import AckResult, Delivery, Message, Push, PushResult, next_wire
 from queen_client.timers import TimerResult, schedule_op
 
 READ_OPS = frozenset(("get", "check"))
@@ -58,6 +59,9 @@ class TxnResult:
     acks: list = field(default_factory=list)
     pushes: list = field(default_factory=list)
     timers: list = field(default_factory=list)
+    # With then_pop(): what the pop made in the same step got (a Delivery, maybe empty); None when
+    # the transaction was refused (no pop was made) or asked for none.
+    next: Delivery | None = None
 
     def __bool__(self) -> bool:
         return self.success
@@ -115,8 +119,10 @@ class TxnQueue:
 
 
 class Transaction:
-    def __init__(self, transport):
+    def __init__(self, transport, client=None):
         self._transport = transport
+        self._client = client  # for then_pop(): its messages' queue handles
+        self._next: dict | None = None
         self._sections: dict[str, list] = {"kv": [], "ack": [], "push": [], "timers": []}
         self._ops = self._sections["kv"]
         self._locks: list = []
@@ -143,6 +149,14 @@ class Transaction:
 
     def queue(self, name: str) -> TxnQueue:
         return TxnQueue(self, name)
+
+    def then_pop(self, queue: str, *, group: str | None = None, batch: int = 1, partitions: int = 1,
+                 wait=None) -> Transaction:
+        """Once committed, pop `queue` in the same step (one log entry, one fsync for the step and
+        the next lease): the result's `next`. `wait` parks the answer until something comes (the
+        step is durable first); a refused transaction pops nothing."""
+        self._next = next_wire(queue, group=group, batch=batch, partitions=partitions, wait=wait)
+        return self
 
     def timer(self, queue: str, key: str, payload=None, *, at=None, delay=None, cron: str | None = None,
               timezone: str | None = None, every=None, partition: str | None = None,
@@ -176,12 +190,23 @@ class Transaction:
             if not document:
                 raise ValueError("an empty transaction: add a guard, an ack, a push, a KV operation or a timer")
             safe = set(document) == {"kv"} and all(op["op"] in READ_OPS for op in self._ops)
+            timeout_s = None
+            if self._next is not None:
+                document["next"] = self._next
+                safe = False  # a pop: sent again, it would take a second lease
+                timeout_s = self._transport.timeout_s + self._next.get("waitMs", 0) / 1000
             try:
-                answer = await self._transport.call("POST", "/api/v1/transaction", document, safe=safe)
+                answer = await self._transport.call("POST", "/api/v1/transaction", document, safe=safe,
+                                                    timeout_s=timeout_s)
             finally:
                 for message in self._messages:
                     message.settled = True
-            return self._result(answer, len(guards))
+            result = self._result(answer, len(guards))
+            if answer.get("next") is not None:
+                queue = self._client.queue(self._next["queue"]) if self._client is not None else None
+                delivery = queue._delivery(answer["next"]) if queue is not None else None
+                result = dataclasses.replace(result, next=delivery)
+            return result
 
     def _result(self, answer: dict, guard_count: int) -> TxnResult:
         if answer.get("success"):

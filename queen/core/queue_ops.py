@@ -209,9 +209,9 @@ def _where(section: str | None) -> dict:
 # -- pop ----------------------------------------------------------------------------------------------
 
 class PopOp:
-    __slots__ = ("queue", "partition", "group", "batch", "partitions", "wait_ms", "auto_ack", "mode")
+    __slots__ = ("queue", "partition", "group", "batch", "partitions", "wait_ms", "auto_ack", "mode", "after")
 
-    def __init__(self, queue, partition, group, batch, partitions, wait_ms, auto_ack, mode):
+    def __init__(self, queue, partition, group, batch, partitions, wait_ms, auto_ack, mode, after=False):
         self.queue = queue
         self.partition = partition  # None: any partition (the wildcard route)
         self.group = group
@@ -220,6 +220,9 @@ class PopOp:
         self.wait_ms = wait_ms
         self.auto_ack = auto_ack
         self.mode = mode
+        # A `next` pop, applied in the step of the ack or transaction it rides: the parked pops
+        # that step made deliverable are served first, as they would be before any later pop.
+        self.after = after
 
 
 _POP_PARAMS = frozenset(("batch", "partitions", "waitMs", "consumerGroup", "autoAck", "subscriptionMode"))
@@ -251,6 +254,56 @@ def parse_pop(queue_raw: str, partition_raw: str | None, params: dict, limits: L
     if mode not in MODES:
         raise BadRequest("invalid_subscription_mode", "subscriptionMode must be all or new")
     return PopOp(queue, partition, group, batch, partitions, wait_ms, auto_ack, mode)
+
+
+# -- next: the pop an ack or a transaction asks for -------------------------------------------------
+
+_NEXT_FIELDS = frozenset(("queue", "partition", "consumerGroup", "batch", "partitions", "waitMs", "subscriptionMode"))
+
+
+def take_next(document) -> object:
+    """The `next` field of an ack or transaction body, taken out of it (None when absent), so the
+    rest is parsed exactly as a body without it."""
+    if type(document) is dict and "next" in document:
+        return document.pop("next")
+    return None
+
+
+def parse_next(raw, limits: Limits) -> PopOp:
+    """`next`: {queue?, partition?, consumerGroup?, batch?, partitions?, waitMs?, subscriptionMode?},
+    checked as the pop route checks its parameters. queue and group stay None when not given (the
+    caller fills them from the acked message)."""
+    if type(raw) is not dict:
+        raise BadRequest("invalid_next", 'next must be an object: {"queue": ..., "batch": N, "waitMs": W}')
+    try:
+        check_fields(raw, _NEXT_FIELDS, None, "next")
+    except BadRequest as error:
+        error.details["section"] = "next"
+        raise
+    queue = raw.get("queue")
+    queue = None if queue is None else queue_name(queue, limits)
+    partition = raw.get("partition")
+    partition = None if partition is None else name(partition, "partition", "invalid_partition",
+                                                    limits.partition_name_bytes_max)
+    group = raw.get("consumerGroup")
+    group = None if group is None else group_name(group, limits)
+    batch = _next_number(raw, "batch", "invalid_batch", 1, limits.pop_batch_max)
+    partitions = _next_number(raw, "partitions", "invalid_partitions", 1, limits.pop_partitions_max)
+    wait_ms = _next_number(raw, "waitMs", "invalid_wait_ms", 0, limits.wait_ms_max)
+    mode = raw.get("subscriptionMode", "all")
+    if mode not in MODES:
+        raise BadRequest("invalid_subscription_mode", "subscriptionMode must be all or new", {"section": "next"})
+    return PopOp(queue, partition, group, batch, partitions, wait_ms, False, mode, after=True)
+
+
+def _next_number(raw: dict, field: str, code: str, low: int, high: int) -> int:
+    value = raw.get(field)
+    if value is None:
+        return 1 if low == 1 else 0
+    if type(value) is not int or not low <= value <= high:
+        raise BadRequest(code, f"next.{field} must be a whole number from {low} to {high}",
+                         {"field": field, "section": "next"})
+    return value
 
 
 # -- ack ------------------------------------------------------------------------------------------

@@ -125,9 +125,14 @@ class State:
             except Exception as error:
                 self._fail_alone(error, 0, before, records)
                 failures.append((step.reply_to, 0, error))
+                if step.txn.next is not None:
+                    failures.append((step.reply_to, 1, error))
                 touched = ()
             else:
                 answers.append((step.reply_to, 0, answer))
+                if step.txn.next is not None:
+                    touched = self._next_pop(step.txn.next, answer["success"], now_ms, records, step.reply_to,
+                                             touched, answers)
         elif kind is Tick:
             touched = self.shards
             for shard in touched:
@@ -186,6 +191,21 @@ class State:
                                    now_ms, records, lease_checks)
         touched = {id(shard): shard for shard in (*kv_shards, *ack_shards, *push_shards, *timer_shards)}
         return list(touched.values()), answer
+
+    def _next_pop(self, op, committed: bool, now_ms: int, records: list, reply_to, touched: list,
+                  answers: list) -> list:
+        """A transaction's `next`: the pop on the state the transaction left, in the same step (so
+        the same frame); None at position 1 when the transaction was refused (no pop is made). It
+        may park like any pop, and is then answered by a later step. The shards touched, its own
+        included (its parked line is served after the step)."""
+        if not committed:
+            answers.append((reply_to, 1, None))
+            return touched
+        shard = self.shards[shard_of_queue(op.queue, self.shard_count)]
+        result = shard.apply(op, now_ms, records, reply_to, 1)
+        if result is not None:
+            answers.append((reply_to, 1, result))
+        return touched if any(s is shard for s in touched) else [*touched, shard]
 
     # -- recovery and snapshots -------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ _READ_ONLY = frozenset(("get", "check"))
 class TransactionOps:
     """A parsed transaction: each section's operations (empty when not sent)."""
 
-    __slots__ = ("kv", "ack", "push", "timers", "required_leases", "prefix")
+    __slots__ = ("kv", "ack", "push", "timers", "required_leases", "prefix", "next")
 
     def __init__(self, kv: list[KvOp], ack: list[AckItem] = (), push: list[PushItem] = (),
                  timers: list[TimerOp] = ()):
@@ -45,6 +45,9 @@ class TransactionOps:
         # those its acks name.
         self.required_leases: list[int] = []
         self.prefix = ""  # the tenant's name prefix (queen/core/tenants.py): leases of others are lost to it
+        # A pop (`next`) made in the same step once the transaction committed, on the state it left;
+        # none when it was refused. Answered at position 1 of the step's reply_to.
+        self.next = None
 
     def writes(self) -> bool:
         return bool(self.ack or self.push or self.timers) or any(op.op not in _READ_ONLY for op in self.kv)

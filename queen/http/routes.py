@@ -25,6 +25,7 @@ from queen.core.kv import (
 from queen.core.limits import Limits
 from queen.core.locks import parse_lock_ops
 from queen.core.queue_ops import (
+    QUEUE_MODE_GROUP,
     Configure,
     LeaseCall,
     QueueAdmin,
@@ -36,11 +37,13 @@ from queen.core.queue_ops import (
     parse_acks,
     parse_configure,
     parse_extend,
+    parse_next,
     parse_pop,
     parse_push,
     parse_requeue,
     query_number,
     queue_name,
+    take_next,
     whole_number,
 )
 from queen.core.timer_ops import parse_timer_ops
@@ -291,18 +294,25 @@ class Api:
 
     async def _transaction(self, request: Request, parts, query):
         document = decode_body(request.body, request.content_type)
+        raw_next = take_next(document)
         txn, spelling = queen_mq.parse_transaction_document(document, self.limits, self.router.now_ms())
         principal = request.principal
+        pop = None if raw_next is None else self._next_pop(request, raw_next)
         if txn.writes():
             require(principal, WRITE)
-            operations = len(txn.kv) + len(txn.ack) + len(txn.push) + len(txn.timers)
+            # A `next` pop counts as a second write of the call, and its operation, like a pop.
+            extra = pop is not None
+            operations = len(txn.kv) + len(txn.ack) + len(txn.push) + len(txn.timers) + extra
             if txn.kv:
-                self.tenancy.admit(principal, KV, operations, grows=sum(op.op in _KV_GROWS for op in txn.kv))
-            if txn.ack or txn.push or txn.timers:
+                self.tenancy.admit(principal, KV, operations, grows=sum(op.op in _KV_GROWS for op in txn.kv),
+                                   writes=1 + extra)
+            if txn.ack or txn.push or txn.timers or extra:
                 # One call, so its write is counted once: here only when it had no KV part.
                 self.tenancy.admit(principal, QUEUES, operations,
                                    pushes=len(txn.push), timers=sum(op.op == "schedule" for op in txn.timers),
-                                   rate=not txn.kv)
+                                   rate=not txn.kv, writes=1 + extra)
+        elif pop is not None:
+            self.tenancy.admit(principal, QUEUES, 1)
         if principal.prefix:  # every name its own: a transaction cannot reach another tenant's
             prefix = principal.prefix
             _own_kv(txn.kv, prefix)
@@ -313,7 +323,21 @@ class Api:
             for op in txn.timers:
                 op.queue = prefix + op.queue
             txn.prefix = prefix
-        return queen_mq.transaction_answer(txn, spelling, await self.router.run_transaction(txn))
+        if pop is None:
+            return queen_mq.transaction_answer(txn, spelling, await self.router.run_transaction(txn))
+        if pop.queue is None or pop.group is None:
+            if not txn.ack:
+                if pop.queue is None:
+                    raise BadRequest("next_queue_required", "next.queue is required when the transaction acks "
+                                     "nothing (it is the acked message's queue otherwise)", {"section": "next"})
+            else:
+                self.router.next_defaults(pop, txn.ack[0], principal.prefix)
+            if pop.group is None:
+                pop.group = QUEUE_MODE_GROUP
+        txn.next = pop
+        answer = await self.router.run_transaction(txn, wait_gone=request.wait_gone, answer_now=request.answer_now)
+        next_part = {"next": answer.pop("next"), **({"nextReason": answer.pop("nextReason")} if "nextReason" in answer else {})}
+        return {**queen_mq.transaction_answer(txn, spelling, answer), **next_part}
 
     async def _timers(self, request: Request, parts, query):
         document = decode_body(request.body, request.content_type)
@@ -369,20 +393,49 @@ class Api:
         return await self.router.run_queue(op.queue, op, wait_gone=request.wait_gone, answer_now=request.answer_now)
 
     async def _ack(self, request: Request, parts, query):
-        item = parse_ack(decode_body(request.body, request.content_type), self.limits)
-        self.tenancy.admit(request.principal, QUEUES, 1)
+        document = decode_body(request.body, request.content_type)
+        raw_next = take_next(document)
+        item = parse_ack(document, self.limits)
         item.prefix = request.principal.prefix
+        if raw_next is not None:
+            results, next_answer = await self._acks_then_pop(request, [item], raw_next)
+            [result] = results
+            result.pop("index", None)
+            result["next"] = next_answer
+            return result
+        self.tenancy.admit(request.principal, QUEUES, 1)
         [result] = await self.router.ack([item])
         result.pop("index", None)
         return result
 
     async def _ack_batch(self, request: Request, parts, query):
-        items = parse_acks(decode_body(request.body, request.content_type), self.limits)
-        self.tenancy.admit(request.principal, QUEUES, len(items))
+        document = decode_body(request.body, request.content_type)
+        raw_next = take_next(document)
+        items = parse_acks(document, self.limits)
         prefix = request.principal.prefix
         for item in items:
             item.prefix = prefix
+        if raw_next is not None:  # the answer is then an object: the acks' results and the pop's answer
+            results, next_answer = await self._acks_then_pop(request, items, raw_next)
+            return {"results": results, "next": next_answer}
+        self.tenancy.admit(request.principal, QUEUES, len(items))
         return await self.router.ack(items)
+
+    async def _acks_then_pop(self, request: Request, items: list, raw_next) -> tuple[list, dict]:
+        """Acks with `next`: the pop is admitted like one (its own write on the tenant's rate) and
+        made on the state the acks left (queen/runtime/router.py, ack_next)."""
+        op = self._next_pop(request, raw_next)
+        self.tenancy.admit(request.principal, QUEUES, len(items) + 1, writes=2)
+        self.router.next_defaults(op, items[0], request.principal.prefix)
+        return await self.router.ack_next(items, op, wait_gone=request.wait_gone, answer_now=request.answer_now)
+
+    def _next_pop(self, request: Request, raw_next):
+        """A `next` pop of the caller's own queue (a pop needs WRITE)."""
+        require(request.principal, WRITE)
+        op = parse_next(raw_next, self.limits)
+        if op.queue is not None:
+            op.queue = request.principal.prefix + op.queue
+        return op
 
     async def _lease(self, request: Request, parts, query):
         lease_raw, action = parts

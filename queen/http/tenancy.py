@@ -119,11 +119,12 @@ class Tenancy:
     # -- the check --------------------------------------------------------------------------------
 
     def admit(self, principal, area: str, operations: int, *, grows: int = 0, pushes: int = 0, timers: int = 0,
-              rate: bool = True) -> None:
+              rate: bool = True, writes: int = 1) -> None:
         """Raise if the principal's tenant may not write now: paused (503), over its write rate or
         over a quota (429). grows: operations that may add a KV key; pushes and timers: messages
         and timers the call may add; rate: False when this call's rate was taken already (a
-        transaction's second area)."""
+        transaction's second area); writes: what the call counts on the write rate (2 for one that
+        also pops: an ack or transaction with `next`)."""
         if not self.active:
             return
         tenant = tenants.DEFAULT if principal.tenant == tenants.EVERY else principal.tenant
@@ -150,11 +151,11 @@ class Tenancy:
         now = self.clock()
         wait = 0.0
         if rules.writes is not None:
-            wait = rules.writes.wait_s(1, now)
+            wait = rules.writes.wait_s(writes, now)
         if not wait and rules.operations is not None:
             wait = rules.operations.wait_s(operations, now)
             if wait and rules.writes is not None:
-                rules.writes.tokens += 1  # the call did not pass: give its write back
+                rules.writes.tokens += writes  # the call did not pass: give its writes back
         if wait:
             self._count(tenant, "rate_limited")
             # Retry-After is whole seconds; the details say it to the millisecond, which the SDK uses.

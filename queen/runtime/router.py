@@ -18,6 +18,7 @@ from queen.core.placement import (
     shard_of_queue,
 )
 from queen.core.queue_ops import (
+    QUEUE_MODE_GROUP,
     AckItem,
     Acks,
     Configure,
@@ -28,9 +29,10 @@ from queen.core.queue_ops import (
     QueueAdmin,
 )
 from queen.core.state import Abandon, Transaction
+from queen.core.tenants import is_own, shown
 from queen.core.timer_ops import TimerList, TimerOp, Timers
 from queen.core.txn import TransactionOps
-from queen.errors import Unavailable
+from queen.errors import BadRequest, QueenError, Unavailable
 from queen.runtime.shard_actor import ShardActor
 from queen.runtime.steps import Call, StepRunner, versions_exhausted
 
@@ -180,6 +182,56 @@ class Router:
             by_shard.setdefault(shard_of_partition(self.shared, item.partition_id, self.shard_count), []).append(item)
         return await self._spread(by_shard, Acks, len(items))
 
+    def next_defaults(self, op: PopOp, item: AckItem, prefix: str) -> None:
+        """Fill a `next` pop's queue and group left out from the first acked message: its queue (a
+        stored name, so already the tenant's prefixed one) and its group (the ack's, else its
+        lease's). A partition that is not the tenant's names no queue: 400, as if unknown."""
+        if op.queue is None:
+            queue = self.shared.partition_queue.get(item.partition_id)
+            if queue is None or not is_own(queue, prefix):
+                raise BadRequest("next_queue_unknown", "next names no queue and the acked message's queue is not "
+                                 "known: name it (next.queue)", {"section": "next", "partitionId": item.partition_id})
+            op.queue = queue
+        if op.group is None:
+            op.group = item.group if item.group is not None else self._lease_group(item)
+
+    def _lease_group(self, item: AckItem) -> str:
+        table = self.steps.state.shards[shard_of_partition(self.shared, item.partition_id, self.shard_count)].queues
+        entry = table.leases.get(item.lease_id)
+        if entry is not None:
+            return entry[1].name
+        return table.ended_leases.get(item.lease_id, QUEUE_MODE_GROUP)
+
+    async def ack_next(self, items: list[AckItem], op: PopOp, wait_gone=None, answer_now=None) -> tuple[list, dict]:
+        """Acks, then the pop `op` on the state they left: (the acks' results, the pop's answer).
+        When every ack and the pop are on one shard (a consumer's step: its acks are of the queue
+        it pops), they go as one message, applied in order in one step: one frame, one fsync for
+        the ack and the lease. Otherwise the acks go first, and the pop is sent once they are
+        answered (durable): a second step and fsync, still decided after the acks."""
+        self.refuse_writes_if_unavailable()
+        count = self.shard_count
+        shard = self.queue_shard(op.queue)
+        if any(shard_of_partition(self.shared, item.partition_id, count) != shard for item in items):
+            results = await self.ack(items)
+            return results, await self._next_answer(op, lambda: self.run_queue(op.queue, op, wait_gone=wait_gone,
+                                                                                 answer_now=answer_now))
+        call = Call(2, 2)
+        await self._send(shard, [(call, 0, Acks(items)), (call, 1, op)])
+        if op.wait_ms and wait_gone is not None:
+            results = await self._wait_or_abandon(call, [shard], wait_gone, answer_now)
+        else:
+            results = await call.result()
+        acks = [None] * len(items)
+        for result in results[0]:
+            acks[result["index"]] = result
+        return acks, next_answer(op, results[1])
+
+    async def _next_answer(self, op: PopOp, pop) -> dict:
+        try:
+            return await pop()
+        except QueenError as error:  # e.g. too_many_groups: the acks stand; the pop is answered as refused
+            return next_answer(op, Refusal(error))
+
     async def lease_call(self, op: LeaseCall) -> dict:
         return await self.run_queue(None, op, shard=shard_of_lease(self.shared, op.lease_id, self.shard_count))
 
@@ -235,16 +287,31 @@ class Router:
             nursery.cancel_scope.cancel()
         return await call.result()
 
-    async def run_transaction(self, txn: TransactionOps | list[KvOp]) -> dict:
+    async def run_transaction(self, txn: TransactionOps | list[KvOp], wait_gone=None, answer_now=None) -> dict:
         """All or nothing, as one step (so one frame), applied here across the shards it touches:
         on one thread that is atomic by construction, where a two-phase exchange between actors
-        could deadlock against another transaction. A list is a KV-only transaction."""
-        step = Transaction(txn, Call(1, 1))
-        if step.txn.writes():
+        could deadlock against another transaction. A list is a KV-only transaction. With a `next`
+        pop (txn.next), the answer gains "next": the pop's answer, made in the same step once the
+        transaction committed (it may park, like a pop); null with nextReason when it was refused."""
+        op = txn.next if type(txn) is TransactionOps else None
+        step = Transaction(txn, Call(1, 1) if op is None else Call(2, 2))
+        if step.txn.writes() or op is not None:
             self.refuse_writes_if_unavailable()
         call = step.reply_to
         self.steps.run(step)
-        return (await call.result())[0]
+        if op is None:
+            return (await call.result())[0]
+        if op.wait_ms and wait_gone is not None:
+            results = await self._wait_or_abandon(call, [self.queue_shard(op.queue)], wait_gone, answer_now)
+        else:
+            results = await call.result()
+        answer = results[0]
+        if results[1] is None:  # refused: no pop was made
+            answer["next"] = None
+            answer["nextReason"] = "not_committed"
+        else:
+            answer["next"] = next_answer(op, results[1])
+        return answer
 
     async def list_permits(self, prefix: str, cursor: str | None, limit: int, ns: str = LOCKS_NS) -> dict:
         """A page of the held permits of a tenant's lock namespace across every shard, in name order."""
@@ -274,6 +341,17 @@ class Router:
 
 
 _ADMIN_WRITES = frozenset(("requeue", "purge", "delete", "delete_group", "delete_group_everywhere"))
+
+
+def next_answer(op: PopOp, result) -> dict:
+    """A `next` pop's answer: what the pop route would have answered, or for a refusal (a 400 or
+    503 there) a pop answer that delivered nothing, with the refusal's code as its reason: the acks
+    beside it were applied and must be answered."""
+    if type(result) is not Refusal:
+        return result
+    error = result.error
+    return {"success": False, "reason": error.code, "error": error.code, "message": str(error),
+            "queue": shown(op.queue), "consumerGroup": op.group, "messages": []}
 
 
 def _checked(result):

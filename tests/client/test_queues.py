@@ -134,3 +134,52 @@ def test_the_sync_client_pushes_consumes_and_processes(server, unique):
         with pytest.raises(Stop):
             queue.process(handler, wait="1s")
         assert queue.info()["messages"] == 1
+
+
+def _route_count(server, route: str, method: str) -> float:
+    prefix = f'queen_http_request_duration_seconds_count{{route="{route}",method="{method}"'
+    return sum(value for name, value in server.metrics().items() if name.startswith(prefix))
+
+
+def test_both_consume_gets_each_next_delivery_with_its_ack(backend, server, unique):
+    """In steady state a consumer's step is one request: its ack carries `next`, so it pops only
+    to start (and when a next brings nothing)."""
+    async def body():
+        async with queen_client.Client(server.url) as client:
+            queue = client.queue(unique)
+            await queue.push_many(list(range(40)))
+            pops = _route_count(server, "/api/v1/pop/queue/{queue}", "GET")
+            acks = _route_count(server, "/api/v1/ack/batch", "POST")
+            seen = []
+            async with aclosing(queue.consume(batch=2, wait="1s")) as messages:
+                async for message in messages:
+                    seen.append(message.data)
+                    if len(seen) == 40:
+                        break
+            assert seen == list(range(40))
+            assert _route_count(server, "/api/v1/ack/batch", "POST") - acks == 20  # one per delivery
+            assert _route_count(server, "/api/v1/pop/queue/{queue}", "GET") - pops == 1  # the first only
+
+    run(backend, body)
+
+
+def test_both_a_stopping_consumer_takes_no_lease_with_its_last_ack(backend, server, unique):
+    async def body():
+        async with queen_client.Client(server.url) as client:
+            queue = client.queue(unique)
+            await queue.push_many(list(range(10)))
+            stop = anyio.Event()
+            handled = []
+
+            def handler(message):
+                handled.append(message.data)
+                if len(handled) == 3:
+                    stop.set()
+
+            await queue.process(handler, batch=1, wait="1s", stop=stop, handle_signals=False)
+            assert handled == [0, 1, 2]
+            page = await client._transport.call("GET", f"/api/v1/resources/queues/{unique}/partitions", None, safe=True)
+            [group] = page["items"][0]["groups"]
+            assert group["lease"] is None and group["inFlight"] == 0 and group["pending"] == 7, group
+
+    run(backend, body)

@@ -47,6 +47,11 @@ class Delivery:
         group = self._group(queue, op.group, op.mode, now_ms, records)
         if type(group) is Refusal:
             return group
+        if op.after and op.queue in self.dirty:
+            # A `next` pop rides the step of the ack that may just have made something deliverable:
+            # the pops parked on this queue come first, as they would before a pop of a later step.
+            del self.dirty[op.queue]
+            self._serve(op.queue, now_ms, records)
         answer, reason = self._deliver(queue, group, op, now_ms, records)
         if answer is not None:
             return answer
