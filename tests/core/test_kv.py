@@ -116,7 +116,7 @@ def test_incr_keeps_the_create_version():
     op = {"op": "incr", "ns": "app", "key": "c", "forever": True}
     run(state, op)
     run(state, op)
-    row = state.live_row("app", "c", T0)
+    row = state.live_view("app", "c", T0)
     assert row.create_version == 1 and row.version == 2
 
 
