@@ -63,9 +63,11 @@ class SortedKeys:
         """key, which the index holds."""
         chunks, maxes = self._chunks, self._maxes
         i = bisect_left(maxes, key)
+        if i == len(chunks):
+            raise KeyError(key)
         chunk = chunks[i]
         at = bisect_left(chunk, key)
-        if at == len(chunk) or chunk[at] != key:
+        if chunk[at] != key:  # at < len(chunk): the chunk's last key is at least key
             raise KeyError(key)
         self._len -= 1
         chunk = chunk[:at] + chunk[at + 1:]
