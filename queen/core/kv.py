@@ -27,7 +27,7 @@ from queen.core.limits import INT64_MAX, INT64_MIN, Limits
 from queen.core.outcomes import KvReason
 from queen.core.sorted_keys import SortedKeys
 from queen.core.tenants import SEPARATOR, Usage, UsageBook
-from queen.core.values import decode_json_bytes, json_default, may_hold_bytes
+from queen.core.values import decode_json_bytes, json_default
 from queen.core.wheel import TimingWheel
 from queen.errors import BadRequest
 
@@ -85,6 +85,7 @@ _EXPIRES_AT = 32
 _expires_of = struct.Struct("<q").unpack_from
 _loads = orjson.loads
 _dumps = orjson.dumps
+_BYTES_MARKER = b'"$bytes"'  # what queen/core/values.py's may_hold_bytes looks for
 
 
 def encode_value(value) -> bytes:
@@ -96,7 +97,7 @@ def decode_value(packed: bytes):
     one in the JSON is a byte string."""
     raw = packed[HEAD_BYTES:]
     value = _loads(raw)
-    return decode_json_bytes(value) if may_hold_bytes(raw) else value
+    return decode_json_bytes(value) if _BYTES_MARKER in raw else value
 
 
 class Row(NamedTuple):
@@ -531,11 +532,11 @@ class KvState:
 
     def _get(self, op, now_ms, records):
         packed = self.live_row(op.ns, op.key, now_ms)
-        item = _item(packed)
-        item["key"] = op.key
-        if packed is not None:
-            item["updatedAt"] = _head_of(packed)[3]
-        return item
+        if packed is None:
+            return {"found": False, "value": None, "version": 0, "expiresAt": None, "key": op.key}
+        version, _, _, updated_at_ms, expires_at_ms = _head_of(packed)
+        return {"found": True, "value": decode_value(packed), "version": version, "expiresAt": expires_at_ms or None,
+                "key": op.key, "updatedAt": updated_at_ms}
 
     def _get_many(self, op, now_ms, records):
         items = []
