@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import struct
+from typing import NamedTuple
 
 import orjson
-from sortedcontainers import SortedList
 
 from queen.core import names
 from queen.core import records as rec
 from queen.core.limits import INT64_MAX, INT64_MIN, Limits
 from queen.core.outcomes import KvReason
+from queen.core.sorted_keys import SortedKeys
 from queen.core.tenants import SEPARATOR, Usage, UsageBook
-from queen.core.values import json_default
+from queen.core.values import decode_json_bytes, json_default
 from queen.core.wheel import TimingWheel
 from queen.errors import BadRequest
 
@@ -67,46 +69,86 @@ class VersionCounter:
         return self.last
 
 
-class Row:
-    """One key's current state. Immutable by convention: a write makes a new Row, so a shallow copy
-    of a table is a consistent snapshot."""
+# A stored row is one bytes value: this head (version, create_version, created_at_ms,
+# updated_at_ms, expires_at_ms; 0 means forever), then the value's JSON (byte strings in their
+# JSON form, queen/core/values.py). Why bytes: a store may hold millions of rows, and CPython's
+# cyclic GC walks every object it tracks on each full collection; as objects (with their values as
+# dicts and lists) rows cost a 5-million-key store pauses of seconds. A dict of bytes is never
+# tracked, so rows cost the collector nothing however many there are; what a key's usage counts
+# (its value's JSON size) is the packed length, read without encoding anything.
+# Rows are immutable: a write stores new bytes, so a shallow copy of a table is a snapshot.
+_HEAD = struct.Struct("<qqqqq")
+HEAD_BYTES = _HEAD.size
+_head_of = _HEAD.unpack_from
+_pack_head = _HEAD.pack
+_EXPIRES_AT = 32
+_expires_of = struct.Struct("<q").unpack_from
+_loads = orjson.loads
+_dumps = orjson.dumps
+_BYTES_MARKER = b'"$bytes"'  # what queen/core/values.py's may_hold_bytes looks for
 
-    __slots__ = ("value", "version", "create_version", "created_at_ms", "updated_at_ms", "expires_at_ms")
 
-    def __init__(self, value, version, create_version, created_at_ms, updated_at_ms, expires_at_ms):
-        self.value = value
-        self.version = version
-        self.create_version = create_version
-        self.created_at_ms = created_at_ms
-        self.updated_at_ms = updated_at_ms
-        self.expires_at_ms = expires_at_ms  # 0 means forever
+def encode_value(value) -> bytes:
+    return _dumps(value, default=json_default)
+
+
+def decode_value(packed: bytes):
+    """A packed row's value. Lossless: no stored value holds a {"$bytes": ...} object, so every
+    one in the JSON is a byte string."""
+    raw = packed[HEAD_BYTES:]
+    value = _loads(raw)
+    return decode_json_bytes(value) if _BYTES_MARKER in raw else value
+
+
+class Row(NamedTuple):
+    """A packed row read out, for callers that want every field (lock permits)."""
+
+    value: object
+    version: int
+    create_version: int
+    created_at_ms: int
+    updated_at_ms: int
+    expires_at_ms: int  # 0 means forever
+
+
+def unpack_row(packed: bytes | None) -> Row | None:
+    if packed is None:
+        return None
+    return Row(decode_value(packed), *_head_of(packed))
+
+
+def wheel_item(ns: str, key: str) -> str:
+    """A row's entry in the TTL wheel: one string (a tuple would make the wheel's dicts tracked).
+    No name holds a control character (queen/core/names.py), so the NUL splits it back."""
+    return ns + "\0" + key
 
 
 class Table:
     """The rows of one namespace on one shard, with their keys in order for prefix pages.
 
-    The order is kept lazily: inserts and removals are noted in two small sets and folded into the
-    sorted index only when a page is read, so a key written and deleted between two pages (a lock
-    acquired and released) never touches the index. When the notes outgrow a quarter of the index,
-    it is dropped and rebuilt from the rows at the next page instead."""
+    The order is kept lazily: inserts and removals are noted in two small dicts (not sets: a dict of
+    strings is untracked by the GC, a set never is) and folded into the sorted index only when a page
+    is read, so a key written and deleted between two pages (a lock acquired and released) never
+    touches the index. When the notes outgrow a quarter of the index, it is dropped and rebuilt
+    from the rows at the next page instead."""
 
     __slots__ = ("rows", "_sorted", "_added", "_removed", "usage")
 
     def __init__(self, usage: Usage | None = None):
         self.usage = usage  # its tenant's (keys and bytes held); None for the default tenant's
-        self.rows: dict[str, Row] = {}
-        self._sorted: SortedList | None = SortedList()
-        self._added: set = set()
-        self._removed: set = set()
+        self.rows: dict[str, bytes] = {}  # key -> packed row
+        self._sorted: SortedKeys | None = SortedKeys()
+        self._added: dict[str, None] = {}
+        self._removed: dict[str, None] = {}
 
     def note_insert(self, key: str) -> None:
         """key was just added to rows."""
         if self._sorted is None:
             return
         if key in self._removed:
-            self._removed.discard(key)
+            del self._removed[key]
         else:
-            self._added.add(key)
+            self._added[key] = None
             self._check_notes()
 
     def note_remove(self, key: str) -> None:
@@ -114,9 +156,9 @@ class Table:
         if self._sorted is None:
             return
         if key in self._added:
-            self._added.discard(key)
+            del self._added[key]
         else:
-            self._removed.add(key)
+            self._removed[key] = None
             self._check_notes()
 
     def _check_notes(self) -> None:
@@ -125,9 +167,9 @@ class Table:
             self._added.clear()
             self._removed.clear()
 
-    def sorted_keys(self) -> SortedList:
+    def sorted_keys(self) -> SortedKeys:
         if self._sorted is None:
-            self._sorted = SortedList(self.rows)
+            self._sorted = SortedKeys(self.rows)
         elif self._added or self._removed:
             for key in self._removed:
                 self._sorted.remove(key)
@@ -339,21 +381,27 @@ def parse_kv_ops(raw_ops, limits: Limits, allow_reserved: bool = False, values_c
 # The state machine.
 
 
-def _item(row: Row | None) -> dict:
-    if row is None:
+def _item(packed: bytes | None) -> dict:
+    if packed is None:
         return {"found": False, "value": None, "version": 0, "expiresAt": None}
-    return {"found": True, "value": row.value, "version": row.version, "expiresAt": row.expires_at_ms or None}
+    version, _, _, _, expires_at_ms = _head_of(packed)
+    return {"found": True, "value": decode_value(packed), "version": version, "expiresAt": expires_at_ms or None}
 
 
-def _missed(reason: str, row: Row | None) -> dict:
+def _missed(reason: str, packed: bytes | None) -> dict:
     """A write's miss: the reason, and the current row under `current`."""
-    if row is None:
+    if packed is None:
         return {"applied": False, "reason": reason, "current": {"value": None, "version": 0}}
-    return {"applied": False, "reason": reason, "current": {"value": row.value, "version": row.version}}
+    return {"applied": False, "reason": reason, "current": {"value": decode_value(packed), "version": _version(packed)}}
 
 
-def _check_reason(row: Row | None, expect: int) -> str:
-    if row is None:
+def _version(packed: bytes | None) -> int:
+    """A packed row's version; 0 for no row (what expect compares with)."""
+    return 0 if packed is None else _head_of(packed)[0]
+
+
+def _check_reason(packed: bytes | None, expect: int) -> str:
+    if packed is None:
         return KvReason.ABSENT
     return KvReason.EXISTS if expect == 0 else KvReason.VERSION
 
@@ -369,7 +417,7 @@ class KvState:
         self.usage = usage if usage is not None else UsageBook()  # every shard's one book
         self.tables: dict[str, Table] = {}
         self.versions = versions
-        self.wheel = TimingWheel(now_ms)
+        self.wheel = TimingWheel(now_ms)  # wheel_item(ns, key) -> expires_at_ms
         self.freed_permits: list[tuple[str, str]] = []
         # Rows written with a lifetime since the last tick, filed in the wheel at that tick: a row
         # deleted before then (a lock released soon after it was acquired) never touches the wheel.
@@ -382,19 +430,26 @@ class KvState:
 
     # -- row access --------------------------------------------------------------------------
 
-    def live_row(self, ns: str, key: str, now_ms: int) -> Row | None:
+    def live_row(self, ns: str, key: str, now_ms: int) -> bytes | None:
+        """The packed row of (ns, key), or None when it is absent or its lifetime has passed."""
         table = self.tables.get(ns)
         if table is None:
             return None
-        row = table.rows.get(key)
-        if row is not None and row.expires_at_ms and row.expires_at_ms <= now_ms:
-            self._drop(table, ns, key)
-            if is_locks_ns(ns):
-                self.freed_permits.append((ns, key))
-            return None
-        return row
+        packed = table.rows.get(key)
+        if packed is not None:
+            expires_at_ms = _expires_of(packed, _EXPIRES_AT)[0]
+            if expires_at_ms and expires_at_ms <= now_ms:
+                self._drop(table, ns, key)
+                if is_locks_ns(ns):
+                    self.freed_permits.append((ns, key))
+                return None
+        return packed
 
-    def _store(self, ns: str, key: str, row: Row, records: list) -> None:
+    def live_view(self, ns: str, key: str, now_ms: int) -> Row | None:
+        """live_row read out into its fields."""
+        return unpack_row(self.live_row(ns, key, now_ms))
+
+    def _store(self, ns: str, key: str, packed: bytes, expires_at_ms: int) -> None:
         table = self.tables.get(ns)
         if table is None:
             table = self.tables[ns] = Table(self.usage.for_name(ns))
@@ -403,31 +458,44 @@ class KvState:
         if old is None:
             table.note_insert(key)
         if table.usage is not None:  # a named tenant's row: its keys and bytes held follow
-            _count(table.usage, key, old, row)
-        rows[key] = row
-        if row.expires_at_ms:
+            _count(table.usage, key, old, packed)
+        rows[key] = packed
+        if expires_at_ms:
             self._unscheduled.append((ns, key))
-        rec.put(records, ns, key, row.value, row.version, row.create_version, row.created_at_ms,
-                row.updated_at_ms, row.expires_at_ms)
 
     def _drop(self, table: Table, ns: str, key: str) -> None:
-        row = table.rows.pop(key)
+        packed = table.rows.pop(key)
         if table.usage is not None:
-            _count(table.usage, key, row, None)
+            _count(table.usage, key, packed, None)
         table.note_remove(key)
-        self.wheel.remove((ns, key))
+        self.wheel.remove(wheel_item(ns, key))
         if not table.rows:
             del self.tables[ns]
 
+    def _write(self, ns: str, key: str, value, ttl_ms: int, old: bytes | None, now_ms: int, records: list) -> tuple:
+        """Store a new version of (ns, key); `old` is its live packed row or None. Returns the new
+        row's head: (version, create_version, created_at_ms, updated_at_ms, expires_at_ms)."""
+        version = self.versions.next()
+        expires_at_ms = now_ms + ttl_ms if ttl_ms else 0
+        if old is None:
+            head = (version, version, now_ms, now_ms, expires_at_ms)
+        else:
+            _, create_version, created_at_ms, _, _ = _head_of(old)
+            head = (version, create_version, created_at_ms, now_ms, expires_at_ms)
+        self._store(ns, key, _pack_head(*head) + _dumps(value, default=json_default), expires_at_ms)
+        rec.put(records, ns, key, value, *head)
+        return head
+
     def write(self, ns: str, key: str, value, ttl_ms: int, old: Row | None, now_ms: int, records: list) -> Row:
-        """Store a new version of (ns, key); `old` is its live row or None."""
+        """Store a new version of (ns, key); `old` is its live row (as live_view reads it) or None."""
         version = self.versions.next()
         expires_at_ms = now_ms + ttl_ms if ttl_ms else 0
         if old is None:
             row = Row(value, version, version, now_ms, now_ms, expires_at_ms)
         else:
             row = Row(value, version, old.create_version, old.created_at_ms, now_ms, expires_at_ms)
-        self._store(ns, key, row, records)
+        self._store(ns, key, _pack_head(*row[1:]) + _dumps(value, default=json_default), expires_at_ms)
+        rec.put(records, ns, key, *row)
         return row
 
     def delete(self, ns: str, key: str, records: list) -> int:
@@ -444,31 +512,31 @@ class KvState:
 
     def precheck(self, op: KvOp, now_ms: int) -> dict | None:
         """For transactions: the miss answer this op would give now, or None if it would apply."""
-        row = self.live_row(op.ns, op.key, now_ms)
+        packed = self.live_row(op.ns, op.key, now_ms)
         name = op.op
         if name == "get":
             return None
         if name == "check":
-            version = row.version if row is not None else 0
+            version = _version(packed)
             if version != op.expect and op.required:
-                return {"applied": False, "reason": _check_reason(row, op.expect), "version": version,
-                        "value": row.value if row is not None else None}
+                return {"applied": False, "reason": _check_reason(packed, op.expect), "version": version,
+                        "value": decode_value(packed) if packed is not None else None}
             return None
         if name == "putIfAbsent":
-            return _missed(KvReason.EXISTS, row) if row is not None else None
-        if op.expect is not None and (row.version if row is not None else 0) != op.expect:
-            return _missed(KvReason.VERSION, row)
+            return _missed(KvReason.EXISTS, packed) if packed is not None else None
+        if op.expect is not None and _version(packed) != op.expect:
+            return _missed(KvReason.VERSION, packed)
         if name == "incr":
-            return self._incr_miss(op, row)
+            return self._incr_miss(op, packed)
         return None
 
     def _get(self, op, now_ms, records):
-        row = self.live_row(op.ns, op.key, now_ms)
-        item = _item(row)
-        item["key"] = op.key
-        if row is not None:
-            item["updatedAt"] = row.updated_at_ms
-        return item
+        packed = self.live_row(op.ns, op.key, now_ms)
+        if packed is None:
+            return {"found": False, "value": None, "version": 0, "expiresAt": None, "key": op.key}
+        version, _, _, updated_at_ms, expires_at_ms = _head_of(packed)
+        return {"found": True, "value": decode_value(packed), "version": version, "expiresAt": expires_at_ms or None,
+                "key": op.key, "updatedAt": updated_at_ms}
 
     def _get_many(self, op, now_ms, records):
         items = []
@@ -486,25 +554,26 @@ class KvState:
             return {"items": items}
         prefix = op.prefix
         start = op.cursor if op.cursor is not None and op.cursor >= prefix else prefix
-        keys = table.sorted_keys()
-        position = keys.bisect_right(start) if op.cursor is not None and start == op.cursor else keys.bisect_left(start)
+        keys = table.sorted_keys().iter_from(start, after=op.cursor is not None and start == op.cursor)
         wanted = op.limit + 1  # one more tells the router whether another page exists
         expired = []
-        for key in keys.islice(position):
+        rows = table.rows
+        for key in keys:
             if not key.startswith(prefix):
                 break
-            row = table.rows[key]
-            if row.expires_at_ms and row.expires_at_ms <= now_ms:
+            packed = rows[key]
+            version, create_version, created_at_ms, updated_at_ms, expires_at_ms = _head_of(packed)
+            if expires_at_ms and expires_at_ms <= now_ms:
                 expired.append(key)
                 continue
             if op.keys_only:
-                item = {"key": key, "version": row.version, "expiresAt": row.expires_at_ms or None}
+                item = {"key": key, "version": version, "expiresAt": expires_at_ms or None}
             else:
-                item = {"key": key, "value": row.value, "version": row.version, "expiresAt": row.expires_at_ms or None}
+                item = {"key": key, "value": decode_value(packed), "version": version, "expiresAt": expires_at_ms or None}
             if op.detail:
-                item["createVersion"] = row.create_version
-                item["createdAt"] = row.created_at_ms
-                item["updatedAt"] = row.updated_at_ms
+                item["createVersion"] = create_version
+                item["createdAt"] = created_at_ms
+                item["updatedAt"] = updated_at_ms
             items.append(item)
             if len(items) >= wanted:
                 break
@@ -513,51 +582,50 @@ class KvState:
         return {"items": items}
 
     def _check(self, op, now_ms, records):
-        row = self.live_row(op.ns, op.key, now_ms)
-        version = row.version if row is not None else 0
+        packed = self.live_row(op.ns, op.key, now_ms)
+        version = _version(packed)
         if version == op.expect:
             return {"applied": True, "version": version}
-        return {"applied": False, "version": version, "reason": _check_reason(row, op.expect),
-                "value": row.value if row is not None else None}
+        return {"applied": False, "version": version, "reason": _check_reason(packed, op.expect),
+                "value": decode_value(packed) if packed is not None else None}
 
     def _put(self, op, now_ms, records):
-        row = self.live_row(op.ns, op.key, now_ms)
+        packed = self.live_row(op.ns, op.key, now_ms)
         if op.op == "putIfAbsent":
-            if row is not None:
-                return _missed(KvReason.EXISTS, row)
-        elif op.expect is not None and (row.version if row is not None else 0) != op.expect:
-            return _missed(KvReason.VERSION, row)
-        new = self.write(op.ns, op.key, op.value, op.ttl_ms, row, now_ms, records)
-        return {"applied": True, "version": new.version}
+            if packed is not None:
+                return _missed(KvReason.EXISTS, packed)
+        elif op.expect is not None and _version(packed) != op.expect:
+            return _missed(KvReason.VERSION, packed)
+        return {"applied": True, "version": self._write(op.ns, op.key, op.value, op.ttl_ms, packed, now_ms, records)[0]}
 
     def _delete(self, op, now_ms, records):
-        row = self.live_row(op.ns, op.key, now_ms)
-        if row is None:
+        packed = self.live_row(op.ns, op.key, now_ms)
+        if packed is None:
             return {"applied": False, "reason": KvReason.ABSENT}
-        if op.expect is not None and row.version != op.expect:
-            return _missed(KvReason.VERSION, row)
+        if op.expect is not None and _version(packed) != op.expect:
+            return _missed(KvReason.VERSION, packed)
         return {"applied": True, "version": self.delete(op.ns, op.key, records)}
 
-    def _incr_miss(self, op, row) -> dict | None:
-        current = row.value if row is not None else 0
+    def _incr_miss(self, op, packed) -> dict | None:
+        current = decode_value(packed) if packed is not None else 0
         if type(current) is not int:
-            return _missed(KvReason.NOT_INTEGER, row)
+            return _missed(KvReason.NOT_INTEGER, packed)
         value = current + op.by
         if ((op.max is not None and value > op.max) or (op.min is not None and value < op.min)
                 or not INT64_MIN <= value <= INT64_MAX):
-            return {"applied": False, "reason": KvReason.LIMIT, "value": current, "version": row.version if row else 0}
+            return {"applied": False, "reason": KvReason.LIMIT, "value": current, "version": _version(packed)}
         return None
 
     def _incr(self, op, now_ms, records):
-        row = self.live_row(op.ns, op.key, now_ms)
-        if op.expect is not None and (row.version if row is not None else 0) != op.expect:
-            return _missed(KvReason.VERSION, row)
-        miss = self._incr_miss(op, row)
+        packed = self.live_row(op.ns, op.key, now_ms)
+        if op.expect is not None and _version(packed) != op.expect:
+            return _missed(KvReason.VERSION, packed)
+        miss = self._incr_miss(op, packed)
         if miss is not None:
             return miss
-        value = (row.value if row is not None else 0) + op.by
-        new = self.write(op.ns, op.key, value, op.ttl_ms, row, now_ms, records)
-        return {"applied": True, "value": value, "version": new.version}
+        value = (decode_value(packed) if packed is not None else 0) + op.by
+        version = self._write(op.ns, op.key, value, op.ttl_ms, packed, now_ms, records)[0]
+        return {"applied": True, "value": value, "version": version}
 
     # -- time, recovery and snapshots ---------------------------------------------------------------
 
@@ -567,19 +635,24 @@ class KvState:
         wheel = self.wheel
         if self._unscheduled:
             unscheduled, self._unscheduled = self._unscheduled, []
-            for item in unscheduled:
-                table = self.tables.get(item[0])
-                row = table.rows.get(item[1]) if table is not None else None
-                if row is not None and row.expires_at_ms:
-                    wheel.schedule(item, row.expires_at_ms)
+            for ns, key in unscheduled:
+                table = self.tables.get(ns)
+                packed = table.rows.get(key) if table is not None else None
+                if packed is not None:
+                    expires_at_ms = _expires_of(packed, _EXPIRES_AT)[0]
+                    if expires_at_ms:
+                        wheel.schedule(wheel_item(ns, key), expires_at_ms)
         for item in wheel.advance(now_ms):
-            ns, key = item
+            ns, _, key = item.partition("\0")
             table = self.tables.get(ns)
-            row = table.rows.get(key) if table is not None else None
-            if row is None or not row.expires_at_ms:
-                continue  # deleted, or rewritten to live forever
-            if row.expires_at_ms > now_ms:
-                wheel.add(item, row.expires_at_ms)  # rewritten with a later expiry (see schedule)
+            packed = table.rows.get(key) if table is not None else None
+            if packed is None:
+                continue  # deleted
+            expires_at_ms = _expires_of(packed, _EXPIRES_AT)[0]
+            if not expires_at_ms:
+                continue  # rewritten to live forever
+            if expires_at_ms > now_ms:
+                wheel.add(item, expires_at_ms)  # rewritten with a later expiry (see schedule)
                 continue
             self.live_row(ns, key, now_ms)
 
@@ -593,12 +666,11 @@ class KvState:
             old = table.rows.get(key)
             if old is None:
                 table.note_insert(key)
-            row = table.rows[key] = Row(record.value, record.version, record.create_version, record.created_at_ms,
-                                        record.updated_at_ms, record.expires_at_ms)
+            packed = table.rows[key] = _pack_head(*record[3:]) + _dumps(record.value, default=json_default)
             if table.usage is not None:
-                _count(table.usage, key, old, row)
+                _count(table.usage, key, old, packed)
             if record.expires_at_ms:
-                self.wheel.schedule((ns, key), record.expires_at_ms)
+                self.wheel.schedule(wheel_item(ns, key), record.expires_at_ms)
         elif type(record) is rec.Delete:
             table = self.tables.get(record.ns)
             if table is not None and record.key in table.rows:
@@ -607,30 +679,24 @@ class KvState:
             raise ValueError(f"not a KV record: {record!r}")
 
     def snapshot_copy(self) -> list:
-        """A consistent copy of every row, cheap to take: rows are immutable, so shallow copies do."""
+        """A consistent copy of every row, cheap to take: rows are immutable bytes, so shallow copies do."""
         return [(ns, dict(table.rows)) for ns, table in self.tables.items()]
 
     def row_count(self) -> int:
         return sum(len(t.rows) for t in self.tables.values())
 
 
-def _count(usage: Usage, key: str, old: Row | None, new: Row | None) -> None:
-    """A row of a named tenant replaced: its keys and bytes (key and value as JSON) follow."""
+def _count(usage: Usage, key: str, old: bytes | None, new: bytes | None) -> None:
+    """A row of a named tenant replaced: its keys and bytes (key and value as JSON) follow. A packed
+    row holds its value's JSON after the head, so the size is its length."""
     if old is None:
         usage.keys += 1
     else:
-        usage.bytes -= len(key) + _json_size(old.value)
+        usage.bytes -= len(key) + len(old) - HEAD_BYTES
     if new is None:
         usage.keys -= 1
     else:
-        usage.bytes += len(key) + _json_size(new.value)
-
-
-def _json_size(value) -> int:
-    """Bytes of value as JSON; a plain ASCII string (a lock's owner) without encoding it."""
-    if type(value) is str and value.isalnum() and value.isascii():
-        return len(value) + 2
-    return len(orjson.dumps(value, default=json_default))
+        usage.bytes += len(key) + len(new) - HEAD_BYTES
 
 
 def snapshot_records(copies: list, kv: list, locks: list) -> None:
@@ -639,5 +705,5 @@ def snapshot_records(copies: list, kv: list, locks: list) -> None:
     put = rec.put
     for ns, rows in copies:
         out = locks if is_locks_ns(ns) else kv
-        for key, r in rows.items():
-            put(out, ns, key, r.value, r.version, r.create_version, r.created_at_ms, r.updated_at_ms, r.expires_at_ms)
+        for key, packed in rows.items():
+            put(out, ns, key, decode_value(packed), *_head_of(packed))

@@ -210,8 +210,8 @@ class LockTable:
         return self.get(op, now_ms)
 
     def _rows(self, ns: str, name: str, limit: int, now_ms: int) -> list:
-        live_row = self.kv.live_row
-        return [live_row(ns, permit_key(name, slot), now_ms) for slot in range(limit)]
+        live_view = self.kv.live_view
+        return [live_view(ns, permit_key(name, slot), now_ms) for slot in range(limit)]
 
     def acquire(self, op: LockOp, now_ms: int, records: list) -> dict:
         kv = self.kv
@@ -224,7 +224,7 @@ class LockTable:
         owner = op.owner
         if op.limit == 1:  # the common case, without the lists
             key = name + "#0"
-            row = kv.live_row(ns, key, now_ms)
+            row = kv.live_view(ns, key, now_ms)
             if row is None:
                 if line not in waiters:
                     return self._granted(name, 0, key, kv.write(ns, key, owner, op.ttl_ms, None, now_ms, records))
@@ -233,8 +233,8 @@ class LockTable:
             return {"name": name, "acquired": False, "reason": LockReason.HELD,
                     "holders": [] if row is None else [holder(0, row)]}
         keys = [f"{name}#{slot}" for slot in range(op.limit)]
-        live_row = kv.live_row
-        rows = [live_row(ns, key, now_ms) for key in keys]
+        live_view = kv.live_view
+        rows = [live_view(ns, key, now_ms) for key in keys]
         if owner is not None:
             for slot, row in enumerate(rows):
                 if row is not None and row.value == owner:
@@ -392,7 +392,7 @@ class LockTable:
         if table is not None:
             prefix = name + "#"
             for key in list(table.sorted_keys().irange(prefix, prefix + "\uffff")):
-                row = kv.live_row(ns, key, now_ms)
+                row = kv.live_view(ns, key, now_ms)
                 if row is not None:
                     permits.append((int(key[len(prefix):]), row))
         permits.sort(key=lambda permit: permit[0])
@@ -402,7 +402,7 @@ class LockTable:
         kv = self.kv
         slot = self._slot_of(op, now_ms)
         key = permit_key(op.name, slot)
-        row = kv.live_row(op.ns, key, now_ms)
+        row = kv.live_view(op.ns, key, now_ms)
         if not self._holds(op, row):
             return {"name": op.name, "renewed": False, "reason": LockReason.LOST}
         row = kv.write(op.ns, key, row.value, op.ttl_ms, row, now_ms, records)
@@ -412,7 +412,7 @@ class LockTable:
     def release(self, op: LockOp, now_ms: int, records: list) -> dict:
         kv = self.kv
         key = permit_key(op.name, self._slot_of(op, now_ms))
-        row = kv.live_row(op.ns, key, now_ms)
+        row = kv.live_view(op.ns, key, now_ms)
         if row is None:
             return {"name": op.name, "released": False, "reason": LockReason.ABSENT}
         if not self._holds(op, row):

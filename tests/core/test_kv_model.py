@@ -124,8 +124,8 @@ class KvModel(RuleBasedStateMachine):
         for record in rec.decode(self.effects):
             copy.replay(record)
         for key in "abcd":
-            a = copy.live_row("n", key, self.now_ms)
-            b = self.state.live_row("n", key, self.now_ms)
+            a = copy.live_view("n", key, self.now_ms)
+            b = self.state.live_view("n", key, self.now_ms)
             assert (a and (a.value, a.version, a.expires_at_ms)) == (b and (b.value, b.version, b.expires_at_ms))
 
 

@@ -186,7 +186,7 @@ def test_a_transaction_replays_to_the_same_state():
     assert info(copy.queues, "orders", q.now) == info(live.queues, "orders", q.now)
     assert info(copy.queues, "invoices", q.now) == info(live.queues, "invoices", q.now)
     assert copy.queues.timers.pending == live.queues.timers.pending
-    assert copy.kv.live_row("orders", "42", q.now).value == {"state": "paid"}
+    assert copy.kv.live_view("orders", "42", q.now).value == {"state": "paid"}
 
 
 @pytest.mark.parametrize("document, code", [
