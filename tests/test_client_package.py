@@ -28,7 +28,7 @@ from queen.testing import ServerProcess
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT = ROOT / "client"
 QUEEN_MQ = "queen-mq==2.6.0"
-SERVER_ONLY = ["trio", "zstandard", "pyroaring", "cbor2", "sortedcontainers", "cronsim"]
+SERVER_ONLY = ["trio", "zstandard", "pyroaring", "cbor2", "cronsim"]
 SIZE_MAX_BYTES = 5 << 20
 
 
