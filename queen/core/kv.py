@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from typing import NoReturn
 
 import orjson
 from sortedcontainers import SortedList
@@ -120,6 +121,7 @@ class Table:
             self._check_notes()
 
     def _check_notes(self) -> None:
+        assert self._sorted is not None  # only called while the index is kept
         if len(self._added) + len(self._removed) > 64 + len(self._sorted) // 4:
             self._sorted = None
             self._added.clear()
@@ -183,7 +185,7 @@ KV_OPS = READ_OPS | WRITE_OPS
 LIFETIME_OPS = frozenset(("put", "putIfAbsent", "incr"))
 
 
-def fail(code: str, message: str, index, **details):
+def fail(code: str, message: str, index, **details) -> NoReturn:
     if index is not None:
         details["index"] = index
     raise BadRequest(code, message, details)
