@@ -147,19 +147,20 @@ class KvOp:
     __slots__ = ("op", "ns", "key", "value", "ttl_ms", "expect", "by", "max", "min", "keys",
                  "prefix", "cursor", "limit", "required", "detail", "keys_only")
 
-    def __init__(self, op, ns, key=None):
+    def __init__(self, op: str, ns: str, key: str | None = None):
+        # A compiled build (queen/_native.py) checks each attribute's type when it is set.
         self.op = op
         self.ns = ns
-        self.key = key
-        self.value = None
+        self.key = key  # None for getMany and getPrefix, which name no one key
+        self.value: object = None  # a JSON value
         self.ttl_ms = 0  # 0 = forever, for writes
-        self.expect = None
+        self.expect: int | None = None
         self.by = 1
-        self.max = None
-        self.min = None
-        self.keys = None
+        self.max: int | None = None
+        self.min: int | None = None
+        self.keys: list[str] = []
         self.prefix = ""
-        self.cursor = None
+        self.cursor: str | None = None
         self.limit = PAGE_ITEMS_DEFAULT
         self.required = True
         self.detail = False  # getPrefix: also each row's create version and times (lock listings)
@@ -354,7 +355,7 @@ def _missed(reason: str, row: Row | None) -> dict:
     return {"applied": False, "reason": reason, "current": {"value": row.value, "version": row.version}}
 
 
-def _check_reason(row: Row | None, expect: int) -> str:
+def _check_reason(row: Row | None, expect: int | None) -> str:
     if row is None:
         return KvReason.ABSENT
     return KvReason.EXISTS if expect == 0 else KvReason.VERSION
@@ -446,7 +447,9 @@ class KvState:
 
     def precheck(self, op: KvOp, now_ms: int) -> dict | None:
         """For transactions: the miss answer this op would give now, or None if it would apply."""
-        row = self.live_row(op.ns, op.key, now_ms)
+        key = op.key
+        assert key is not None  # every op but getMany and getPrefix names one key
+        row = self.live_row(op.ns, key, now_ms)
         name = op.op
         if name == "get":
             return None
@@ -464,15 +467,17 @@ class KvState:
             return self._incr_miss(op, row)
         return None
 
-    def _get(self, op, now_ms, records):
-        row = self.live_row(op.ns, op.key, now_ms)
+    def _get(self, op: KvOp, now_ms: int, records: list) -> dict:
+        key = op.key
+        assert key is not None  # every op but getMany and getPrefix names one key
+        row = self.live_row(op.ns, key, now_ms)
         item = _item(row)
-        item["key"] = op.key
+        item["key"] = key
         if row is not None:
             item["updatedAt"] = row.updated_at_ms
         return item
 
-    def _get_many(self, op, now_ms, records):
+    def _get_many(self, op: KvOp, now_ms: int, records: list) -> dict:
         items = []
         for key in op.keys:
             item = _item(self.live_row(op.ns, key, now_ms))
@@ -480,10 +485,10 @@ class KvState:
             items.append(item)
         return {"items": items}
 
-    def _get_prefix(self, op, now_ms, records):
+    def _get_prefix(self, op: KvOp, now_ms: int, records: list) -> dict:
         """One shard's part of a page: up to limit+1 live items after the cursor, in key order."""
         table = self.tables.get(op.ns)
-        items = []
+        items: list[dict] = []
         if table is None:
             return {"items": items}
         prefix = op.prefix
@@ -514,31 +519,37 @@ class KvState:
             self.live_row(op.ns, key, now_ms)  # drops it, and hands a lock permit on
         return {"items": items}
 
-    def _check(self, op, now_ms, records):
-        row = self.live_row(op.ns, op.key, now_ms)
+    def _check(self, op: KvOp, now_ms: int, records: list) -> dict:
+        key = op.key
+        assert key is not None  # every op but getMany and getPrefix names one key
+        row = self.live_row(op.ns, key, now_ms)
         version = row.version if row is not None else 0
         if version == op.expect:
             return {"applied": True, "version": version}
         return {"applied": False, "version": version, "reason": _check_reason(row, op.expect),
                 "value": row.value if row is not None else None}
 
-    def _put(self, op, now_ms, records):
-        row = self.live_row(op.ns, op.key, now_ms)
+    def _put(self, op: KvOp, now_ms: int, records: list) -> dict:
+        key = op.key
+        assert key is not None  # every op but getMany and getPrefix names one key
+        row = self.live_row(op.ns, key, now_ms)
         if op.op == "putIfAbsent":
             if row is not None:
                 return _missed(KvReason.EXISTS, row)
         elif op.expect is not None and (row.version if row is not None else 0) != op.expect:
             return _missed(KvReason.VERSION, row)
-        new = self.write(op.ns, op.key, op.value, op.ttl_ms, row, now_ms, records)
+        new = self.write(op.ns, key, op.value, op.ttl_ms, row, now_ms, records)
         return {"applied": True, "version": new.version}
 
-    def _delete(self, op, now_ms, records):
-        row = self.live_row(op.ns, op.key, now_ms)
+    def _delete(self, op: KvOp, now_ms: int, records: list) -> dict:
+        key = op.key
+        assert key is not None  # every op but getMany and getPrefix names one key
+        row = self.live_row(op.ns, key, now_ms)
         if row is None:
             return {"applied": False, "reason": KvReason.ABSENT}
         if op.expect is not None and row.version != op.expect:
             return _missed(KvReason.VERSION, row)
-        return {"applied": True, "version": self.delete(op.ns, op.key, records)}
+        return {"applied": True, "version": self.delete(op.ns, key, records)}
 
     def _incr_miss(self, op, row) -> dict | None:
         current = row.value if row is not None else 0
@@ -550,15 +561,17 @@ class KvState:
             return {"applied": False, "reason": KvReason.LIMIT, "value": current, "version": row.version if row else 0}
         return None
 
-    def _incr(self, op, now_ms, records):
-        row = self.live_row(op.ns, op.key, now_ms)
+    def _incr(self, op: KvOp, now_ms: int, records: list) -> dict:
+        key = op.key
+        assert key is not None  # every op but getMany and getPrefix names one key
+        row = self.live_row(op.ns, key, now_ms)
         if op.expect is not None and (row.version if row is not None else 0) != op.expect:
             return _missed(KvReason.VERSION, row)
         miss = self._incr_miss(op, row)
         if miss is not None:
             return miss
         value = (row.value if row is not None else 0) + op.by
-        new = self.write(op.ns, op.key, value, op.ttl_ms, row, now_ms, records)
+        new = self.write(op.ns, key, value, op.ttl_ms, row, now_ms, records)
         return {"applied": True, "value": value, "version": new.version}
 
     # -- time, recovery and snapshots ---------------------------------------------------------------
