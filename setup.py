@@ -43,7 +43,7 @@ class BuildExtOrPure(build_ext):
         try:
             super().run()
         except Exception as error:  # CompileError, LinkError, a missing compiler: all mean pure
-            say(f"compiling the core failed ({type(error).__name__}: {error}); installing pure Python")
+            say(f"compiling the core failed ({type(error).__name__}: {str(error)[:120]}...); installing pure Python")
             self.extensions = []
             self._remove_partial_outputs()
             return

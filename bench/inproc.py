@@ -1,6 +1,6 @@
 """`python -m bench.inproc`: the core's parse+apply in one process, no server, no disk: microseconds
 per operation for KV puts and lock acquire+release, and the HTTP request parser per request.
-Prints whether the compiled core is loaded (queen._native). Best of --repeat runs, so a loaded host
+Prints whether the compiled core is loaded (queen/_native.py; QUEEN_PURE=1 forces the .py files). Best of --repeat runs, so a loaded host
 inflates figures less; for A/B on a shared machine prefer callgrind's instruction counts:
 
     valgrind --tool=callgrind --callgrind-out-file=/dev/null python -m bench.inproc --repeat 1 --steps 50
@@ -78,7 +78,8 @@ def main(argv=None) -> None:
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args(argv)
     import queen.core.kv
-    print(f"queen.core.kv from {queen.core.kv.__file__}")
+    from queen import _native
+    print(f"compiled={str(_native.COMPILED).lower()} ({_native.WHY}); queen.core.kv from {queen.core.kv.__file__}")
     for name in args.drivers.split(","):
         best = min(DRIVERS[name](args.steps, args.ops) for _ in range(args.repeat))
         print(f"{name}: {best / (args.steps * args.ops) * 1e6:.2f} µs/op (best of {args.repeat})")
