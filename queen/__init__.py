@@ -6,3 +6,6 @@ name of the public Queen MQ client, so the SDK keeps out of its way.
 """
 
 __version__ = "0.1.0"
+
+# Decides, before any hot module is imported, whether the compiled ones run (queen/_native.py).
+from queen import _native  # noqa: E402,F401

@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import struct
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import orjson
 
@@ -100,21 +100,19 @@ def decode_value(packed: bytes):
     return decode_json_bytes(value) if _BYTES_MARKER in raw else value
 
 
-class Row(NamedTuple):
-    """A packed row read out, for callers that want every field (lock permits)."""
-
-    value: object
-    version: int
-    create_version: int
-    created_at_ms: int
-    updated_at_ms: int
-    expires_at_ms: int  # 0 means forever
+# A packed row read out, for callers that want every field (lock permits). expires_at_ms 0 means
+# forever. The call form, not a class body: mypyc's build of a NamedTuple class looks its field
+# annotations up as names in the module and finds no `object` there.
+Row = NamedTuple("Row", [  # noqa: UP014
+    ("value", object), ("version", int), ("create_version", int), ("created_at_ms", int), ("updated_at_ms", int),
+    ("expires_at_ms", int)])
 
 
 def unpack_row(packed: bytes | None) -> Row | None:
     if packed is None:
         return None
-    return Row(decode_value(packed), *_head_of(packed))
+    version, create_version, created_at_ms, updated_at_ms, expires_at_ms = _head_of(packed)
+    return Row(decode_value(packed), version, create_version, created_at_ms, updated_at_ms, expires_at_ms)
 
 
 def wheel_item(ns: str, key: str) -> str:
@@ -162,6 +160,7 @@ class Table:
             self._check_notes()
 
     def _check_notes(self) -> None:
+        assert self._sorted is not None  # only called while the index is kept
         if len(self._added) + len(self._removed) > 64 + len(self._sorted) // 4:
             self._sorted = None
             self._added.clear()
@@ -187,19 +186,20 @@ class KvOp:
     __slots__ = ("op", "ns", "key", "value", "ttl_ms", "expect", "by", "max", "min", "keys",
                  "prefix", "cursor", "limit", "required", "detail", "keys_only")
 
-    def __init__(self, op, ns, key=None):
+    def __init__(self, op: str, ns: str, key: str | None = None):
+        # A compiled build (queen/_native.py) checks each attribute's type when it is set.
         self.op = op
         self.ns = ns
-        self.key = key
-        self.value = None
+        self.key = key  # None for getMany and getPrefix, which name no one key
+        self.value: object = None  # a JSON value
         self.ttl_ms = 0  # 0 = forever, for writes
-        self.expect = None
+        self.expect: int | None = None
         self.by = 1
-        self.max = None
-        self.min = None
-        self.keys = None
+        self.max: int | None = None
+        self.min: int | None = None
+        self.keys: list[str] = []
         self.prefix = ""
-        self.cursor = None
+        self.cursor: str | None = None
         self.limit = PAGE_ITEMS_DEFAULT
         self.required = True
         self.detail = False  # getPrefix: also each row's create version and times (lock listings)
@@ -225,7 +225,7 @@ KV_OPS = READ_OPS | WRITE_OPS
 LIFETIME_OPS = frozenset(("put", "putIfAbsent", "incr"))
 
 
-def fail(code: str, message: str, index, **details):
+def fail(code: str, message: str, index, **details) -> NoReturn:
     if index is not None:
         details["index"] = index
     raise BadRequest(code, message, details)
@@ -400,7 +400,7 @@ def _version(packed: bytes | None) -> int:
     return 0 if packed is None else _head_of(packed)[0]
 
 
-def _check_reason(packed: bytes | None, expect: int) -> str:
+def _check_reason(packed: bytes | None, expect: int | None) -> str:
     if packed is None:
         return KvReason.ABSENT
     return KvReason.EXISTS if expect == 0 else KvReason.VERSION
@@ -472,31 +472,37 @@ class KvState:
         if not table.rows:
             del self.tables[ns]
 
-    def _write(self, ns: str, key: str, value, ttl_ms: int, old: bytes | None, now_ms: int, records: list) -> tuple:
+    def _write(self, ns: str, key: str, value: object, ttl_ms: int, old: bytes | None, now_ms: int,
+               records: list) -> int:
         """Store a new version of (ns, key); `old` is its live packed row or None. Returns the new
-        row's head: (version, create_version, created_at_ms, updated_at_ms, expires_at_ms)."""
+        version. The head's fields are passed one by one, not as a tuple spread with *: in the
+        compiled build (queen/_native.py) a spread builds a list and a tuple per call."""
         version = self.versions.next()
         expires_at_ms = now_ms + ttl_ms if ttl_ms else 0
         if old is None:
-            head = (version, version, now_ms, now_ms, expires_at_ms)
+            create_version = version
+            created_at_ms = now_ms
         else:
             _, create_version, created_at_ms, _, _ = _head_of(old)
-            head = (version, create_version, created_at_ms, now_ms, expires_at_ms)
-        self._store(ns, key, _pack_head(*head) + _dumps(value, default=json_default), expires_at_ms)
-        rec.put(records, ns, key, value, *head)
-        return head
+        self._store(ns, key, _pack_head(version, create_version, created_at_ms, now_ms, expires_at_ms)
+                    + _dumps(value, default=json_default), expires_at_ms)
+        rec.put(records, ns, key, value, version, create_version, created_at_ms, now_ms, expires_at_ms)
+        return version
 
     def write(self, ns: str, key: str, value, ttl_ms: int, old: Row | None, now_ms: int, records: list) -> Row:
         """Store a new version of (ns, key); `old` is its live row (as live_view reads it) or None."""
         version = self.versions.next()
         expires_at_ms = now_ms + ttl_ms if ttl_ms else 0
         if old is None:
-            row = Row(value, version, version, now_ms, now_ms, expires_at_ms)
+            create_version = version
+            created_at_ms = now_ms
         else:
-            row = Row(value, version, old.create_version, old.created_at_ms, now_ms, expires_at_ms)
-        self._store(ns, key, _pack_head(*row[1:]) + _dumps(value, default=json_default), expires_at_ms)
-        rec.put(records, ns, key, *row)
-        return row
+            create_version = old.create_version
+            created_at_ms = old.created_at_ms
+        self._store(ns, key, _pack_head(version, create_version, created_at_ms, now_ms, expires_at_ms)
+                    + _dumps(value, default=json_default), expires_at_ms)
+        rec.put(records, ns, key, value, version, create_version, created_at_ms, now_ms, expires_at_ms)
+        return Row(value, version, create_version, created_at_ms, now_ms, expires_at_ms)
 
     def delete(self, ns: str, key: str, records: list) -> int:
         """Remove a live row; the delete takes a version so the counter survives in the WAL."""
@@ -512,7 +518,9 @@ class KvState:
 
     def precheck(self, op: KvOp, now_ms: int) -> dict | None:
         """For transactions: the miss answer this op would give now, or None if it would apply."""
-        packed = self.live_row(op.ns, op.key, now_ms)
+        key = op.key
+        assert key is not None  # every op but getMany and getPrefix names one key
+        packed = self.live_row(op.ns, key, now_ms)
         name = op.op
         if name == "get":
             return None
@@ -530,15 +538,17 @@ class KvState:
             return self._incr_miss(op, packed)
         return None
 
-    def _get(self, op, now_ms, records):
-        packed = self.live_row(op.ns, op.key, now_ms)
+    def _get(self, op: KvOp, now_ms: int, records: list) -> dict:
+        key = op.key
+        assert key is not None  # every op but getMany and getPrefix names one key
+        packed = self.live_row(op.ns, key, now_ms)
         if packed is None:
-            return {"found": False, "value": None, "version": 0, "expiresAt": None, "key": op.key}
+            return {"found": False, "value": None, "version": 0, "expiresAt": None, "key": key}
         version, _, _, updated_at_ms, expires_at_ms = _head_of(packed)
         return {"found": True, "value": decode_value(packed), "version": version, "expiresAt": expires_at_ms or None,
-                "key": op.key, "updatedAt": updated_at_ms}
+                "key": key, "updatedAt": updated_at_ms}
 
-    def _get_many(self, op, now_ms, records):
+    def _get_many(self, op: KvOp, now_ms: int, records: list) -> dict:
         items = []
         for key in op.keys:
             item = _item(self.live_row(op.ns, key, now_ms))
@@ -546,10 +556,10 @@ class KvState:
             items.append(item)
         return {"items": items}
 
-    def _get_prefix(self, op, now_ms, records):
+    def _get_prefix(self, op: KvOp, now_ms: int, records: list) -> dict:
         """One shard's part of a page: up to limit+1 live items after the cursor, in key order."""
         table = self.tables.get(op.ns)
-        items = []
+        items: list[dict] = []
         if table is None:
             return {"items": items}
         prefix = op.prefix
@@ -581,30 +591,36 @@ class KvState:
             self.live_row(op.ns, key, now_ms)  # drops it, and hands a lock permit on
         return {"items": items}
 
-    def _check(self, op, now_ms, records):
-        packed = self.live_row(op.ns, op.key, now_ms)
+    def _check(self, op: KvOp, now_ms: int, records: list) -> dict:
+        key = op.key
+        assert key is not None  # every op but getMany and getPrefix names one key
+        packed = self.live_row(op.ns, key, now_ms)
         version = _version(packed)
         if version == op.expect:
             return {"applied": True, "version": version}
         return {"applied": False, "version": version, "reason": _check_reason(packed, op.expect),
                 "value": decode_value(packed) if packed is not None else None}
 
-    def _put(self, op, now_ms, records):
-        packed = self.live_row(op.ns, op.key, now_ms)
+    def _put(self, op: KvOp, now_ms: int, records: list) -> dict:
+        key = op.key
+        assert key is not None  # every op but getMany and getPrefix names one key
+        packed = self.live_row(op.ns, key, now_ms)
         if op.op == "putIfAbsent":
             if packed is not None:
                 return _missed(KvReason.EXISTS, packed)
         elif op.expect is not None and _version(packed) != op.expect:
             return _missed(KvReason.VERSION, packed)
-        return {"applied": True, "version": self._write(op.ns, op.key, op.value, op.ttl_ms, packed, now_ms, records)[0]}
+        return {"applied": True, "version": self._write(op.ns, key, op.value, op.ttl_ms, packed, now_ms, records)}
 
-    def _delete(self, op, now_ms, records):
-        packed = self.live_row(op.ns, op.key, now_ms)
+    def _delete(self, op: KvOp, now_ms: int, records: list) -> dict:
+        key = op.key
+        assert key is not None  # every op but getMany and getPrefix names one key
+        packed = self.live_row(op.ns, key, now_ms)
         if packed is None:
             return {"applied": False, "reason": KvReason.ABSENT}
         if op.expect is not None and _version(packed) != op.expect:
             return _missed(KvReason.VERSION, packed)
-        return {"applied": True, "version": self.delete(op.ns, op.key, records)}
+        return {"applied": True, "version": self.delete(op.ns, key, records)}
 
     def _incr_miss(self, op, packed) -> dict | None:
         current = decode_value(packed) if packed is not None else 0
@@ -616,15 +632,17 @@ class KvState:
             return {"applied": False, "reason": KvReason.LIMIT, "value": current, "version": _version(packed)}
         return None
 
-    def _incr(self, op, now_ms, records):
-        packed = self.live_row(op.ns, op.key, now_ms)
+    def _incr(self, op: KvOp, now_ms: int, records: list) -> dict:
+        key = op.key
+        assert key is not None  # every op but getMany and getPrefix names one key
+        packed = self.live_row(op.ns, key, now_ms)
         if op.expect is not None and _version(packed) != op.expect:
             return _missed(KvReason.VERSION, packed)
         miss = self._incr_miss(op, packed)
         if miss is not None:
             return miss
         value = (decode_value(packed) if packed is not None else 0) + op.by
-        version = self._write(op.ns, op.key, value, op.ttl_ms, packed, now_ms, records)[0]
+        version = self._write(op.ns, key, value, op.ttl_ms, packed, now_ms, records)
         return {"applied": True, "value": value, "version": version}
 
     # -- time, recovery and snapshots ---------------------------------------------------------------

@@ -54,10 +54,12 @@ class LockOp:
         self.name = name
         self.ns = LOCKS_NS  # where its permits are stored: the tenant's lock namespace
         self.ttl_ms = 0
-        self.owner = None
-        self.limit = 1
+        self.owner: str | None = None
+        # Permits; for a get, None means every holder. A compiled build checks these types on
+        # every assignment, so they say exactly what each field may hold.
+        self.limit: int | None = 1
         self.wait_ms = 0
-        self.slot = 0
+        self.slot: int | None = 0  # a renew or release may leave it out: the token's permit
         self.token = 0
 
 
@@ -130,11 +132,18 @@ def parse_lock_ops(raw_ops, limits: Limits) -> list[LockOp]:
             fail("duplicate_name", "each operation of a call must name a different lock", i, name=op.name)
         seen.add(op.name)
         if op.op == "acquire":
-            slots += op.limit
+            slots += permits(op)
     if slots > limits.lock_slots_per_call_max:
         raise BadRequest("too_many_slots", f"the limits of one call's acquires add up to {slots}; "
                          f"at most {limits.lock_slots_per_call_max}", {"slots": slots, "limit": limits.lock_slots_per_call_max})
     return ops
+
+
+def permits(op: LockOp) -> int:
+    """An acquire's number of permits: only a get's limit may be None."""
+    limit = op.limit
+    assert limit is not None
+    return limit
 
 
 def permit_key(name: str, slot: int) -> str:
@@ -175,7 +184,7 @@ class LockTable:
 
     __slots__ = ("kv", "waiters", "deadlines", "resolved", "wait_ms_max", "acquires", "expired")
 
-    def __init__(self, kv: KvState, now_ms: int, wait_ms_max: int = Limits.wait_ms_max):
+    def __init__(self, kv: KvState, now_ms: int, wait_ms_max: int = Limits().wait_ms_max):
         self.acquires = dict.fromkeys(("granted", "held", "timeout", "cancelled"), 0)  # by result
         self.expired = 0
         self.kv = kv
@@ -232,7 +241,7 @@ class LockTable:
                 return self._granted(name, 0, key, row, already=True)
             return {"name": name, "acquired": False, "reason": LockReason.HELD,
                     "holders": [] if row is None else [holder(0, row)]}
-        keys = [f"{name}#{slot}" for slot in range(op.limit)]
+        keys = [f"{name}#{slot}" for slot in range(permits(op))]
         live_view = kv.live_view
         rows = [live_view(ns, key, now_ms) for key in keys]
         if owner is not None:
@@ -313,7 +322,7 @@ class LockTable:
                     queue.appendleft(kept)
                     self.deadlines.add(kept, kept.deadline_ms)
                 continue
-            rows = self._rows(ns, name, waiter.op.limit, now_ms)
+            rows = self._rows(ns, name, permits(waiter.op), now_ms)
             free = next((slot for slot, row in enumerate(rows) if row is None), None)
             if free is None or waiter.reply_to is None:
                 break  # no permit, or the head's owner is away: its kept place holds the permit back
@@ -332,7 +341,7 @@ class LockTable:
         op = waiter.op
         if waiter.reply_to is None:
             return None
-        rows = self._rows(op.ns, op.name, op.limit, now_ms)
+        rows = self._rows(op.ns, op.name, permits(op), now_ms)
         self.acquires["timeout"] += 1
         result = {"name": op.name, "acquired": False, "reason": LockReason.TIMEOUT,
                   "holders": [holder(slot, row) for slot, row in enumerate(rows) if row is not None]}
@@ -403,7 +412,7 @@ class LockTable:
         slot = self._slot_of(op, now_ms)
         key = permit_key(op.name, slot)
         row = kv.live_view(op.ns, key, now_ms)
-        if not self._holds(op, row):
+        if row is None or not self._holds(op, row):
             return {"name": op.name, "renewed": False, "reason": LockReason.LOST}
         row = kv.write(op.ns, key, row.value, op.ttl_ms, row, now_ms, records)
         return {"name": op.name, "renewed": True, "slot": slot, "token": row.version, "fence": row.create_version,

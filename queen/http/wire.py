@@ -19,12 +19,15 @@ announced larger than the body limit.
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
 import h11
 
+from queen.auth import Principal
 from queen.config import Config
 from queen.errors import QueenError
+from queen.histogram import RequestSeries
 from queen.http.codec import encode_body
 
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
@@ -42,15 +45,16 @@ class Request:
         self.accept = accept
         self.body = body
         self.keep_alive = keep_alive
-        self.wait_gone = None  # async () -> None, returns when the client hangs up (set per connection)
+        # A compiled build (queen/_native.py) checks each attribute's type when it is set.
+        self.wait_gone: Callable[[], Awaitable[None]] | None = None  # async () -> None, returns when the client hangs up (set per connection)
         # async () -> None, returns when the server needs the connection back for a new client: a
         # call parked on it is then answered as if its wait ran out (set per connection).
-        self.answer_now = None
+        self.answer_now: Callable[[], Awaitable[None]] | None = None
         self.authorization = authorization  # the Authorization header's value, b"" when absent
-        self.principal = None  # who is calling (queen/auth.py), set by the routes before a handler runs
+        self.principal: Principal | None = None  # who is calling (queen/auth.py), set by the routes before a handler runs
         # The route's RequestSeries (queen/histogram.py) the answer is counted in, set by the routes
         # once the path matched one; None: counted as unmatched.
-        self.route = None
+        self.route: RequestSeries | None = None
 
 
 class Response:

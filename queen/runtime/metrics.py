@@ -84,9 +84,10 @@ def _boot_time() -> float:
 
 
 def build_labels() -> str:
-    from queen import __version__
+    from queen import __version__, _native
 
-    return f'{{version="{_label(__version__)}",python="{_label(platform.python_version())}"}}'
+    compiled = "true" if _native.COMPILED else "false"  # the hot modules compiled by mypyc (queen/_native.py)
+    return f'{{version="{_label(__version__)}",python="{_label(platform.python_version())}",compiled="{compiled}"}}'
 
 
 def render(http: HttpStatistics, wal: WalStatistics, rows: int, queues: list[QueueStatistics],
@@ -126,7 +127,7 @@ def render(http: HttpStatistics, wal: WalStatistics, rows: int, queues: list[Que
         _tenant_metrics(metric, usage_samples, refused_samples, paused_samples)
         return "".join(out)
 
-    metric("queen_build_info", "gauge", "always 1: the Queen version and the Python running it", [(build_labels(), 1)])
+    metric("queen_build_info", "gauge", "always 1: the Queen version, the Python running it, and whether its core is compiled", [(build_labels(), 1)])
     if process is not None:
         _process_metrics(metric, process)
     metric("queen_requests_total", "counter", "HTTP requests answered", http.requests_total)

@@ -15,7 +15,7 @@ import time
 
 import trio
 
-from queen import __version__
+from queen import __version__, _native
 from queen.auth import Authenticator, AuthFile, AuthFileError
 from queen.clock import Clock
 from queen.config import Config, is_loopback
@@ -203,9 +203,9 @@ class Server:
                 async with trio.open_nursery() as accept:
                     accept.start_soon(http.serve, listeners, connections)
                     logger.info("event=listening host=%s port=%d tls=%s auth=%s data_dir=%s shards=%d "
-                                "connections_max=%d", config.host, self.port, "on" if tls_context else "off",
+                                "connections_max=%d compiled=%s", config.host, self.port, "on" if tls_context else "off",
                                 "on" if auth_file is not None else "off", os.path.abspath(config.data_dir), count,
-                                http.connections_allowed)
+                                http.connections_allowed, "true" if _native.COMPILED else "false")
                     task_status.started(self)
                     self._notify_ready()
                     await self._stop.wait()

@@ -150,7 +150,7 @@ def test_wal_fsync_and_frame_histograms_follow_the_writes(server):
 def test_build_info_and_process_metrics(server):
     _, seen = scrape(server)
     assert sample(seen, "queen_build_info", "queen_build_info", version=queen.__version__,
-                  python=platform.python_version()) == 1
+                  python=platform.python_version(), compiled=str(queen._native.COMPILED).lower()) == 1
     assert sample(seen, "process_cpu_seconds_total", "process_cpu_seconds_total") > 0
     assert sample(seen, "process_resident_memory_bytes", "process_resident_memory_bytes") > 1 << 20
     assert sample(seen, "process_virtual_memory_bytes", "process_virtual_memory_bytes") >= sample(
