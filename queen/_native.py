@@ -25,6 +25,7 @@ import sys
 # Compiled by setup.py (which reads this tuple from this file's text: keep it a literal).
 MODULES = (
     "queen.core.kv",
+    "queen.core.sorted_keys",
     "queen.core.locks",
     "queen.core.values",
     "queen.core.wheel",

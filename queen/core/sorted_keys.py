@@ -12,6 +12,7 @@ Pure: no clock, no I/O.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator
 from itertools import islice
 
 CHUNK_MAX = 1024
@@ -20,16 +21,16 @@ CHUNK_MAX = 1024
 class SortedKeys:
     __slots__ = ("_chunks", "_maxes", "_len")
 
-    def __init__(self, keys=()):
+    def __init__(self, keys: Iterable[str] = ()):
         ordered = sorted(keys)
-        self._chunks = [tuple(ordered[i:i + CHUNK_MAX // 2]) for i in range(0, len(ordered), CHUNK_MAX // 2)]
-        self._maxes = [chunk[-1] for chunk in self._chunks]  # each chunk's last key, for bisecting
+        self._chunks: list[tuple[str, ...]] = [tuple(ordered[i:i + CHUNK_MAX // 2]) for i in range(0, len(ordered), CHUNK_MAX // 2)]
+        self._maxes: list[str] = [chunk[-1] for chunk in self._chunks]  # each chunk's last key, for bisecting
         self._len = len(ordered)
 
     def __len__(self) -> int:
         return self._len
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         for chunk in self._chunks:
             yield from chunk
 
@@ -55,7 +56,7 @@ class SortedKeys:
             chunks[i] = chunk
             maxes[i] = chunk[-1]
 
-    def update(self, keys) -> None:
+    def update(self, keys: Iterable[str]) -> None:
         for key in keys:
             self.add(key)
 
@@ -78,7 +79,7 @@ class SortedKeys:
             del chunks[i]
             del maxes[i]
 
-    def iter_from(self, start: str, after: bool = False):
+    def iter_from(self, start: str, after: bool = False) -> Iterator[str]:
         """The keys from start on (after start only, when after), in order."""
         chunks, maxes = self._chunks, self._maxes
         i = bisect_right(maxes, start) if after else bisect_left(maxes, start)
@@ -89,7 +90,7 @@ class SortedKeys:
         for chunk in islice(chunks, i + 1, None):
             yield from chunk
 
-    def irange(self, low: str, high: str):
+    def irange(self, low: str, high: str) -> Iterator[str]:
         """The keys from low to high, both included, in order."""
         for key in self.iter_from(low):
             if key > high:
