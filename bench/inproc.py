@@ -1,5 +1,5 @@
 """`python -m bench.inproc`: the core's parse+apply in one process, no server, no disk: microseconds
-per operation for KV puts and lock acquire+release, and the HTTP request parser per request.
+per operation for KV puts and gets and lock acquire+release, and the HTTP request parser per request.
 Prints whether the compiled core is loaded (queen/_native.py; QUEEN_PURE=1 forces the .py files). Best of --repeat runs, so a loaded host
 inflates figures less; for A/B on a shared machine prefer callgrind's instruction counts:
 
@@ -36,6 +36,24 @@ def kv_put(steps: int, ops: int) -> float:
     return time.perf_counter() - start
 
 
+def kv_get(steps: int, ops: int) -> float:
+    """Seconds for `steps` batches of `ops` gets of present keys (body decode + parse + apply)."""
+    state = KvState(VersionCounter(), T0)
+    records: list = []
+    fill = [{"op": "put", "ns": "bench", "key": f"k{i}", "value": {"n": i}, "ttlSeconds": 60} for i in range(10000)]
+    for op in parse_kv_ops(fill, Limits(ops_per_call_max=len(fill))):
+        state.apply(op, T0, records)
+    bodies = [orjson.dumps({"operations": [{"op": "get", "ns": "bench", "key": f"k{(s * ops + i) % 10000}"}
+                                           for i in range(ops)]})
+              for s in range(steps)]
+    start = time.perf_counter()
+    for step, body in enumerate(bodies):
+        now = T0 + step
+        for op in parse_kv_ops(orjson.loads(body)["operations"], LIMITS):
+            state.apply(op, now, records)
+    return time.perf_counter() - start
+
+
 def lock_cycle(steps: int, ops: int) -> float:
     """Seconds for `steps` batches of `ops` lock acquire+release pairs (parse + apply)."""
     from queen.core.locks import LockTable, parse_lock_ops
@@ -67,7 +85,7 @@ def http_parse(steps: int, ops: int) -> float:
     return time.perf_counter() - start
 
 
-DRIVERS = {"kv-put": kv_put, "lock-cycle": lock_cycle, "http-parse": http_parse}
+DRIVERS = {"kv-put": kv_put, "kv-get": kv_get, "lock-cycle": lock_cycle, "http-parse": http_parse}
 
 
 def main(argv=None) -> None:
