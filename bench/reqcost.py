@@ -102,7 +102,21 @@ def kv_put(connection: int, auth: bytes):
     return one
 
 
-WORKLOADS = {"lock-cycle": lock_cycle, "kv-put": kv_put}
+def kv_get(connection: int, auth: bytes):
+    """Gets of absent keys: a read, answered once the versions it saw are durable (at once here)."""
+    ring = [_request("/api/v1/kv", orjson.dumps({"operations": [
+        {"op": "get", "ns": "bench", "key": f"k{connection}-{i}"}]}), auth) for i in range(64)]
+    position = 0
+
+    async def one(client: _Client) -> int:
+        nonlocal position
+        await client.call(ring[position])
+        position = (position + 1) % len(ring)
+        return 1
+    return one
+
+
+WORKLOADS = {"lock-cycle": lock_cycle, "kv-put": kv_put, "kv-get": kv_get}
 
 
 def _callgrind(command: str) -> None:
