@@ -1,6 +1,7 @@
-"""The router: splits a call's operations by shard, sends each part to its actor, and reassembles
-the results in order once every part is applied and durable. Transactions do not go through
-actors: they are steps of their own (queen/runtime/steps.py), as ticks are (queen/runtime/ticker.py).
+"""The router: splits a call's operations by shard, applies each part as a step of its shard (in the
+caller's task: queen/runtime/shard_actor.py), and reassembles the results in order once every part
+is applied and durable. Transactions are one step across the shards they touch
+(queen/runtime/steps.py), as ticks are (queen/runtime/ticker.py).
 """
 
 from __future__ import annotations

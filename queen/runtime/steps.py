@@ -1,7 +1,7 @@
 """Running a step: apply it to the state (queen/core/state.py), submit its records to the WAL
 writer, and deliver its answers, all without an await in between.
 
-Every caller that changes state goes through `StepRunner.run`: the shard actors for their batches,
+Every caller that changes state goes through `StepRunner.run`: the shard actors for calls' parts,
 the router for transactions, the ticker for ticks. So a parked request freed by any step is
 answered by that step, and every answer is covered by durability the same way: a finished call
 waits for the last version applied when it finished, whatever it read, so it can never show a
