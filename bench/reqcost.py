@@ -68,30 +68,31 @@ class _Client:
             self.buf += data_in
 
 
-def lock_cycle(connection: int, auth: bytes):
-    """Requests of a 1-op lock cycle: acquire a free name, then release it with the answer's token."""
+def lock_cycle(connection: int, auth: bytes, ops: int = 1):
+    """Requests of a lock cycle: acquire `ops` free names, then release them with the answers' tokens."""
     owner = f"o{connection}"
     acquires = [_request("/api/v1/locks", orjson.dumps({"operations": [
-        {"op": "acquire", "name": f"c{connection}-{g}", "ttlSeconds": 60, "owner": owner}]}), auth) for g in range(16)]
+        {"op": "acquire", "name": f"c{connection}-{g}-{i}", "ttlSeconds": 60, "owner": owner} for i in range(ops)]}),
+        auth) for g in range(16)]
     position = 0
 
     async def one(client: _Client) -> int:
         nonlocal position
-        answer = orjson.loads(await client.call(acquires[position]))["results"][0]
+        answers = orjson.loads(await client.call(acquires[position]))["results"]
         position = (position + 1) % len(acquires)
         release = _request("/api/v1/locks", orjson.dumps({"operations": [
             {"op": "release", "name": answer["name"], "slot": answer["slot"], "token": answer["token"],
-             "owner": owner}]}), auth)
-        if b'"released":true' not in await client.call(release):
+             "owner": owner} for answer in answers]}), auth)
+        if (await client.call(release)).count(b'"released":true') != ops:
             raise RuntimeError("not released")
         return 2
     return one
 
 
-def kv_put(connection: int, auth: bytes):
+def kv_put(connection: int, auth: bytes, ops: int = 1):
     ring = [_request("/api/v1/kv", orjson.dumps({"operations": [
-        {"op": "put", "ns": "bench", "key": f"k{connection}-{i}", "value": "v" * 32, "ttlSeconds": 3600}]}), auth)
-        for i in range(64)]
+        {"op": "put", "ns": "bench", "key": f"k{connection}-{i}-{j}", "value": "v" * 32, "ttlSeconds": 3600}
+        for j in range(ops)]}), auth) for i in range(64)]
     position = 0
 
     async def one(client: _Client) -> int:
@@ -102,10 +103,10 @@ def kv_put(connection: int, auth: bytes):
     return one
 
 
-def kv_get(connection: int, auth: bytes):
+def kv_get(connection: int, auth: bytes, ops: int = 1):
     """Gets of absent keys: a read, answered once the versions it saw are durable (at once here)."""
     ring = [_request("/api/v1/kv", orjson.dumps({"operations": [
-        {"op": "get", "ns": "bench", "key": f"k{connection}-{i}"}]}), auth) for i in range(64)]
+        {"op": "get", "ns": "bench", "key": f"k{connection}-{i}-{j}"} for j in range(ops)]}), auth) for i in range(64)]
     position = 0
 
     async def one(client: _Client) -> int:
@@ -150,7 +151,7 @@ async def drive(args, data_dir: str, auth_file: str, token: str | None) -> None:
             sock = socket.create_connection((HOST, server.port))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setblocking(False)
-            clients.append((_Client(sock), WORKLOADS[args.workload](c, auth)))
+            clients.append((_Client(sock), WORKLOADS[args.workload](c, auth, args.ops)))
 
         async def run(count: int) -> int:
             done = 0
@@ -175,7 +176,7 @@ async def drive(args, data_dir: str, auth_file: str, token: str | None) -> None:
         if args.callgrind:
             _callgrind("-d")
         stats = server.writer.statistics()
-        print(f"workload={args.workload} connections={args.connections} auth={'on' if token else 'off'} "
+        print(f"workload={args.workload} ops={args.ops} connections={args.connections} auth={'on' if token else 'off'} "
               f"requests={done} cpu_us_per_request={cpu / done * 1e6:.1f} wall_s={wall:.2f} "
               f"frames={stats.batches} inline_commits={stats.inline_commits}", flush=True)
         for client, _ in clients:
@@ -272,6 +273,7 @@ def main(argv=None) -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument("--ops", type=int, default=1, help="operations per request")
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--auth", action="store_true", help="with an auth file; the client sends a tenant admin's token")
     parser.add_argument("--callgrind", action="store_true", help="running under callgrind: zero and dump around the measured part")

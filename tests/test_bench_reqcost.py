@@ -11,7 +11,7 @@ def test_each_workload_runs_and_reports(tmp_path, capsys, workload):
     reqcost.main(["--workload", workload, "--requests", "40", "--warmup", "8", "--connections", "2",
                   "--data-parent", str(tmp_path)])
     line = capsys.readouterr().out
-    assert f"workload={workload} connections=2" in line and "requests=40" in line, line
+    assert f"workload={workload} ops=1 connections=2" in line and "requests=40" in line, line
     assert list(tmp_path.iterdir()) == []  # its data dir is gone
 
 
