@@ -1,6 +1,7 @@
-"""The router: splits a call's operations by shard, sends each part to its actor, and reassembles
-the results in order once every part is applied and durable. Transactions do not go through
-actors: they are steps of their own (queen/runtime/steps.py), as ticks are (queen/runtime/ticker.py).
+"""The router: splits a call's operations by shard, applies each part as a step of its shard (in the
+caller's task: queen/runtime/shard_actor.py), and reassembles the results in order once every part
+is applied and durable. Transactions are one step across the shards they touch
+(queen/runtime/steps.py), as ticks are (queen/runtime/ticker.py).
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ class Router:
             if op.op == "acquire" and op.wait_ms and shard not in waiting_shards:
                 waiting_shards.append(shard)
         await self._send_parts(parts)
-        if waiting_shards and wait_gone is not None:
+        # Applied already (_send): a hang-up watcher only for a call that is really parked.
+        if waiting_shards and wait_gone is not None and call.parts_left:
             results = await self._wait_or_abandon(call, waiting_shards, wait_gone, answer_now)
         else:
             results = await call.result()
@@ -148,7 +150,7 @@ class Router:
         shard = self.queue_shard(queue) if shard is None else shard
         call = Call(1, 1)
         await self._send(shard, [(call, 0, op)])
-        if type(op) is PopOp and op.wait_ms and wait_gone is not None:
+        if type(op) is PopOp and op.wait_ms and wait_gone is not None and call.parts_left:
             results = await self._wait_or_abandon(call, [shard], wait_gone, answer_now)
         else:
             results = await call.result()
@@ -332,12 +334,9 @@ class Router:
             await self._send(shard, items)
 
     async def _send(self, shard: int, message) -> None:
-        """send_nowait first: `await send` always passes through the scheduler, a task switch per
-        request that the caller pays again when it waits for the answer anyway; only a full queue
-        (backpressure) needs the awaiting form."""
-        actor = self.actors[shard]
-        if not actor.send_nowait(message):
-            await actor.send_channel.send(message)
+        """Apply a message on its shard now, in this task (queen/runtime/shard_actor.py): no task
+        switch into an actor and back. Kept async so callers need not change."""
+        self.actors[shard].apply(message)
 
 
 _ADMIN_WRITES = frozenset(("requeue", "purge", "delete", "delete_group", "delete_group_everywhere"))

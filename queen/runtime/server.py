@@ -191,8 +191,6 @@ class Server:
 
         async with trio.open_nursery() as core:
             await core.start(run_writer)
-            for actor in actors:
-                core.start_soon(actor.run)
             core.start_soon(tick_forever, steps, TICK_MS)
             await self._apply_auth(auth_file, api)  # pauses are read from the log: after recovery
             self._reloads = send_reload

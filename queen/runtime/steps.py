@@ -1,7 +1,7 @@
 """Running a step: apply it to the state (queen/core/state.py), submit its records to the WAL
 writer, and deliver its answers, all without an await in between.
 
-Every caller that changes state goes through `StepRunner.run`: the shard actors for their batches,
+Every caller that changes state goes through `StepRunner.run`: the shard actors for calls' parts,
 the router for transactions, the ticker for ticks. So a parked request freed by any step is
 answered by that step, and every answer is covered by durability the same way: a finished call
 waits for the last version applied when it finished, whatever it read, so it can never show a
@@ -59,6 +59,42 @@ def log_notices(notices: list) -> None:
                          messages)
 
 
+class Done:
+    """A call's trio.Event, for its one waiter (the request's task), without the parking lot. And a
+    call already done when its task asks (a read whose versions are durable) goes on at once rather
+    than through a pass of the scheduler: the request's task yields anyway when it next reads its
+    socket."""
+
+    __slots__ = ("_set", "_task")
+
+    def __init__(self):
+        self._set = False
+        self._task = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            task = self._task
+            if task is not None:
+                self._task = None
+                trio.lowlevel.reschedule(task)
+
+    async def wait(self) -> None:
+        if self._set:
+            return
+        assert self._task is None, "a call has one waiter"
+        self._task = trio.lowlevel.current_task()
+
+        def abort(_):
+            self._task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+
 class Call:
     """One request's operations on their way through steps and the WAL: `parts_left` counts the
     answers it still waits for (one per operation sent to a shard, parked ones included)."""
@@ -68,7 +104,7 @@ class Call:
     def __init__(self, slots: int, parts: int):
         self.results: list = [None] * slots
         self.parts_left = parts
-        self.done = trio.Event()
+        self.done = Done()
         self.error = None
 
     async def result(self) -> list:
