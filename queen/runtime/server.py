@@ -45,6 +45,11 @@ class DataDirBusy(Exception):
     pass
 
 
+def close_all(listeners) -> None:
+    for listener in listeners:
+        listener.close()  # closing twice is harmless
+
+
 class Server:
     def __init__(self, config: Config, *, disk: Disk | None = None, wall_at_start_ms: int | None = None,
                  run_blocking=None, notifier: Notifier | None = None):
@@ -196,28 +201,30 @@ class Server:
             self._reloads = send_reload
             core.start_soon(self._reload_forever, receive_reload, api)
             listeners = open_listeners(config.host, config.port)
-            self.port = listeners[0].getsockname()[1]
-            async with trio.open_nursery() as connections:
-                async with trio.open_nursery() as accept:
-                    accept.start_soon(http.serve, listeners, connections)
-                    logger.info("event=listening host=%s port=%d tls=%s auth=%s data_dir=%s shards=%d "
-                                "connections_max=%d compiled=%s", config.host, self.port, "on" if tls_context else "off",
-                                "on" if auth_file is not None else "off", os.path.abspath(config.data_dir), count,
-                                http.connections_allowed, "true" if _native.COMPILED else "false")
-                    task_status.started(self)
-                    self._notify_ready()
-                    await self._stop.wait()
-                    logger.info("event=shutdown_started connections=%d requests_in_flight=%d",
-                                http.connections, http.requests_in_flight)
-                    self.notifier.stopping(f"stopping: {http.requests_in_flight} requests in flight")
-                    router.draining = http.draining = True
-                    steps.run(Drain())  # parked pops answer 503 now, not at the end of their wait
-                    accept.cancel_scope.cancel()
-                for listener in listeners:
-                    listener.close()
-                with trio.move_on_after(config.shutdown_grace_s):
-                    await http.wait_no_requests()
-                connections.cancel_scope.cancel()
+            try:
+                self.port = listeners[0].getsockname()[1]
+                async with trio.open_nursery() as connections:
+                    async with trio.open_nursery() as accept:
+                        accept.start_soon(http.serve, listeners, connections)
+                        logger.info("event=listening host=%s port=%d tls=%s auth=%s data_dir=%s shards=%d "
+                                    "connections_max=%d compiled=%s", config.host, self.port, "on" if tls_context else "off",
+                                    "on" if auth_file is not None else "off", os.path.abspath(config.data_dir), count,
+                                    http.connections_allowed, "true" if _native.COMPILED else "false")
+                        task_status.started(self)
+                        self._notify_ready()
+                        await self._stop.wait()
+                        logger.info("event=shutdown_started connections=%d requests_in_flight=%d",
+                                    http.connections, http.requests_in_flight)
+                        self.notifier.stopping(f"stopping: {http.requests_in_flight} requests in flight")
+                        router.draining = http.draining = True
+                        steps.run(Drain())  # parked pops answer 503 now, not at the end of their wait
+                        accept.cancel_scope.cancel()
+                    close_all(listeners)  # no new connections while the last requests finish
+                    with trio.move_on_after(config.shutdown_grace_s):
+                        await http.wait_no_requests()
+                    connections.cancel_scope.cancel()
+            finally:
+                close_all(listeners)  # a cancelled run (a crash under test) closes them too
             writer.close()
             await writer_done.wait()
             core.cancel_scope.cancel()
