@@ -219,7 +219,7 @@ class Router:
                                                                                  answer_now=answer_now))
         call = Call(2, 2)
         await self._send(shard, [(call, 0, Acks(items)), (call, 1, op)])
-        if op.wait_ms and wait_gone is not None:
+        if op.wait_ms and wait_gone is not None and call.parts_left:  # a watcher only when parked
             results = await self._wait_or_abandon(call, [shard], wait_gone, answer_now)
         else:
             results = await call.result()
@@ -303,7 +303,7 @@ class Router:
         self.steps.run(step)
         if op is None:
             return (await call.result())[0]
-        if op.wait_ms and wait_gone is not None:
+        if op.wait_ms and wait_gone is not None and call.parts_left:  # a watcher only when parked
             results = await self._wait_or_abandon(call, [self.queue_shard(op.queue)], wait_gone, answer_now)
         else:
             results = await call.result()
