@@ -24,8 +24,6 @@ from collections.abc import AsyncGenerator
 
 import anyio
 
-# queues imports this module: its names are read at call time, once both are loaded.
-from queen_client import queues as queue_module
 from queen_client.durations import seconds as seconds_of
 from queen_client.errors import ApiError, TransportError, UnavailableError
 
@@ -128,7 +126,7 @@ async def deliveries(queue, *, group: str | None, batch: int, partitions: int, w
             return  # stopped while the broker could not be reached
     # The final ack of a delivery asks for the next one in the same step (`next`, never parked:
     # waitMs 0, so a stop is never held up by it); what it brings is handled before popping again.
-    follow = queue_module.next_wire(queue.name, group=group, batch=batch, partitions=partitions)
+    follow = queue._next_wire(group=group, batch=batch, partitions=partitions)
     delivery = None
     while stopping is None or not stopping.is_set():
         if delivery is None or not delivery.messages:

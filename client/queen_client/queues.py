@@ -396,6 +396,10 @@ class Queue:
         return consumer.deliveries(self, group=group, batch=batch, partitions=partitions, wait=wait, lease=lease,
                                    stopping=stopping)
 
+    def _next_wire(self, *, group: str | None, batch: int, partitions: int) -> dict:
+        """The `next` a consumer's acks carry (queen_client/consumer.py): a pop of this queue."""
+        return next_wire(self.name, group=group, batch=batch, partitions=partitions)
+
     async def _lease_time_s(self) -> float:
         info = await self.info()
         return float(info["options"]["leaseTimeSeconds"]) if info.get("found") else 300.0
