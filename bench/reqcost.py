@@ -89,10 +89,8 @@ def lock_cycle(connection: int, auth: bytes, ops: int = 1):
     return one
 
 
-def kv_put(connection: int, auth: bytes, ops: int = 1):
-    ring = [_request("/api/v1/kv", orjson.dumps({"operations": [
-        {"op": "put", "ns": "bench", "key": f"k{connection}-{i}-{j}", "value": "v" * 32, "ttlSeconds": 3600}
-        for j in range(ops)]}), auth) for i in range(64)]
+def _cycling(ring: list[bytes]):
+    """One request of `ring` per call, in turn."""
     position = 0
 
     async def one(client: _Client) -> int:
@@ -101,20 +99,19 @@ def kv_put(connection: int, auth: bytes, ops: int = 1):
         position = (position + 1) % len(ring)
         return 1
     return one
+
+
+def kv_put(connection: int, auth: bytes, ops: int = 1):
+    return _cycling([_request("/api/v1/kv", orjson.dumps({"operations": [
+        {"op": "put", "ns": "bench", "key": f"k{connection}-{i}-{j}", "value": "v" * 32, "ttlSeconds": 3600}
+        for j in range(ops)]}), auth) for i in range(64)])
 
 
 def kv_get(connection: int, auth: bytes, ops: int = 1):
     """Gets of absent keys: a read, answered once the versions it saw are durable (at once here)."""
-    ring = [_request("/api/v1/kv", orjson.dumps({"operations": [
-        {"op": "get", "ns": "bench", "key": f"k{connection}-{i}-{j}"} for j in range(ops)]}), auth) for i in range(64)]
-    position = 0
-
-    async def one(client: _Client) -> int:
-        nonlocal position
-        await client.call(ring[position])
-        position = (position + 1) % len(ring)
-        return 1
-    return one
+    return _cycling([_request("/api/v1/kv", orjson.dumps({"operations": [
+        {"op": "get", "ns": "bench", "key": f"k{connection}-{i}-{j}"} for j in range(ops)]}), auth)
+        for i in range(64)])
 
 
 WORKLOADS = {"lock-cycle": lock_cycle, "kv-put": kv_put, "kv-get": kv_get}

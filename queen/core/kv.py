@@ -478,31 +478,29 @@ class KvState:
         version. The head's fields are passed one by one, not as a tuple spread with *: in the
         compiled build (queen/_native.py) a spread builds a list and a tuple per call."""
         version = self.versions.next()
-        expires_at_ms = now_ms + ttl_ms if ttl_ms else 0
         if old is None:
-            create_version = version
-            created_at_ms = now_ms
+            self._store_version(ns, key, value, ttl_ms, version, version, now_ms, now_ms, records)
         else:
             _, create_version, created_at_ms, _, _ = _head_of(old)
-        self._store(ns, key, _pack_head(version, create_version, created_at_ms, now_ms, expires_at_ms)
-                    + _dumps(value, default=json_default), expires_at_ms)
-        rec.put(records, ns, key, value, version, create_version, created_at_ms, now_ms, expires_at_ms)
+            self._store_version(ns, key, value, ttl_ms, version, create_version, created_at_ms, now_ms, records)
         return version
 
     def write(self, ns: str, key: str, value, ttl_ms: int, old: Row | None, now_ms: int, records: list) -> Row:
         """Store a new version of (ns, key); `old` is its live row (as live_view reads it) or None."""
         version = self.versions.next()
+        create_version = version if old is None else old.create_version
+        created_at_ms = now_ms if old is None else old.created_at_ms
+        expires_at_ms = self._store_version(ns, key, value, ttl_ms, version, create_version, created_at_ms, now_ms, records)
+        return Row(value, version, create_version, created_at_ms, now_ms, expires_at_ms)
+
+    def _store_version(self, ns: str, key: str, value: object, ttl_ms: int, version: int, create_version: int,
+             created_at_ms: int, now_ms: int, records: list) -> int:
+        """Pack, store and log one row's new version; its expiry (0: none)."""
         expires_at_ms = now_ms + ttl_ms if ttl_ms else 0
-        if old is None:
-            create_version = version
-            created_at_ms = now_ms
-        else:
-            create_version = old.create_version
-            created_at_ms = old.created_at_ms
         self._store(ns, key, _pack_head(version, create_version, created_at_ms, now_ms, expires_at_ms)
                     + _dumps(value, default=json_default), expires_at_ms)
         rec.put(records, ns, key, value, version, create_version, created_at_ms, now_ms, expires_at_ms)
-        return Row(value, version, create_version, created_at_ms, now_ms, expires_at_ms)
+        return expires_at_ms
 
     def delete(self, ns: str, key: str, records: list) -> int:
         """Remove a live row; the delete takes a version so the counter survives in the WAL."""
