@@ -147,17 +147,21 @@ def test_c5_fenced_mutex():
 
 
 def test_c6_leases_not_shortened_by_failover():
-    h = History()
-    h.call("a", "acquire", 0, 10, grant(0, 5, 5, 1_003_000), name="L0", owner="a0")  # told: until +3000
-    h.call("b", "acquire", 3100, 3110, grant(0, 9, 9, 1_006_100), name="L0", owner="b0")
-    assert checks.check_leases_kept(h.calls(), [1_001_000], grace_ms=2000) == []
-    early = History()
-    early.call("a", "acquire", 0, 10, grant(0, 5, 5, 1_003_000), name="L0", owner="a0")
-    early.call("b", "acquire", 1200, 1210, grant(0, 9, 9, 1_004_200), name="L0", owner="b0")
-    # promotion at +1000, grace 2000: a's lease is promised until min(3000, 3000): b at 1210 is early
-    assert kinds(checks.check_leases_kept(early.calls(), [1_001_000], grace_ms=2000)) == {"lease_shortened"}
-    # With a short grace the promise is only promotion + grace (+1100): b at +1210 is allowed.
-    assert checks.check_leases_kept(early.calls(), [1_001_000], grace_ms=100) == []
+    def history(other_at):
+        h = History()
+        h.call("a", "acquire", 0, 10, grant(0, 5, 5, 1_003_000), name="L0", owner="a0")  # told: until +3000
+        h.call("b", "acquire", other_at, other_at + 10, grant(0, 9, 9, 1_009_000), name="L0", owner="b0")
+        return h.calls()
+
+    fault = 1_001_000
+    # The failover's EPOCH promised leases live at the fault until +4500: b at +4600 is fine...
+    assert checks.check_leases_kept(history(4600), [(fault, 1_004_500)]) == []
+    # ...b at +3500 is inside the grace: the failover ended a's lease early.
+    assert kinds(checks.check_leases_kept(history(3500), [(fault, 1_004_500)])) == {"lease_shortened"}
+    # Inside a's own expiresAt, whatever the grace.
+    assert kinds(checks.check_leases_kept(history(2000), [(fault, 1_001_500)])) == {"lease_shortened"}
+    # A lease that had ended before the fault is not the failover's business.
+    assert checks.check_leases_kept(history(3500), [(1_003_200, 1_006_000)]) == []
 
 
 # -- C7 ----------------------------------------------------------------------------------------

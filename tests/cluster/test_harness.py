@@ -207,3 +207,25 @@ def test_workers_against_one_node_pass_every_check(tmp_path):
     records, snapshot = checks.log_records(os.path.join(work, "data"))
     top = max(v for v, _ in checks.versioned(records, 0, 1 << 62))
     assert checks.check_convergence({"a": (records, snapshot), "b": (records, snapshot)}, top) == []
+
+
+def test_cluster_nodes_get_the_spec_flags_and_a_proxy_per_link(tmp_path):
+    from tests.cluster.harness.nodes import QueenCluster
+
+    etcd = EtcdCluster(str(tmp_path), n=3)  # not started: only its ports are used here
+    cluster = QueenCluster(str(tmp_path), etcd, 3, leader_ttl_s=2, sync_mode="strict")
+    try:
+        node = cluster.nodes["n1"]
+        args = cluster._args(node)
+        for flag in ("--cluster", "--node", "--etcd", "--advertise", "--replication-listen", "--leader-ttl",
+                     "--sync-mode"):
+            assert flag in args
+        assert args[args.index("--advertise") + 1] == node.url == cluster.client_link("n1").url
+        etcd_urls = args[args.index("--etcd") + 1].split(",")
+        assert etcd_urls == [p.url for p in cluster.etcd_link("n1")] and len(etcd_urls) == 3
+        assert len({p.port for p in cluster.all_proxies()}) == 3 * (1 + 3 + 2)  # every link its own proxy
+        a_to_b, b_to_a = cluster.replication_link("n1", "n2")
+        assert a_to_b.upstream == ("127.0.0.1", cluster.nodes["n2"].replication_port)
+        assert b_to_a.upstream == ("127.0.0.1", node.replication_port)
+    finally:
+        cluster.stop()

@@ -14,7 +14,8 @@ workers' events into their records and adds what failover brings: epochs.
   C5 check_fenced_mutex    the fenced mutex (holders within permits, fences rising), guarded
                            transactions committed in fence order, the fenced store never went back,
                            no guard failed while the holder's lease was still promised
-  C6 check_leases_kept     no slot handed to another owner before min(expiresAt, promotion + grace) - ε
+  C6 check_leases_kept     a lease live at a failover's fault is not handed to another owner before
+                           max(expiresAt, promotion + grace) - ε
   C7 check_timers_once     each timer fired once, never early (within ε); queue: no acked push lost
   C8 failover_time_ms      from the fault to the first ok write of a later epoch (a measurement)
   C9 check_convergence     the nodes' logs hold the same versioned records up to the commit point
@@ -338,31 +339,33 @@ def check_fenced_mutex(calls: list[Call], store_log: list[dict], limits: dict[st
 # -- C6 ------------------------------------------------------------------------------------------
 
 
-def check_leases_kept(calls: list[Call], promotions_wall: list[int], grace_ms: int, eps_ms: int = 50) -> list[dict]:
-    """Per lock permit: a grant told expiresAt x, not released, must not be followed by another
-    owner's grant of that slot completed before min(x, promotion + grace) - ε, for the first
-    promotion after the grant (with no promotion between, before x - ε). "lease_shortened"."""
+def check_leases_kept(calls: list[Call], failovers: list[tuple[int, int]], eps_ms: int = 50) -> list[dict]:
+    """failovers: (fault wall ms, lease_grace_until_ms of the EPOCH that ended it). A lease live at
+    the fault (granted before it, told expiresAt x after it) is not ended by the failover: it lasts
+    until max(x, grace_until) unless its holder released it first. "lease_shortened": another
+    owner was granted that slot before then, less ε."""
     violations = []
     grants = [c for c in calls if c.f == "acquire" and c.ok and c.first.get("acquired")]
     released: dict[str, int] = {}
     for call in calls:
         if call.f == "release":
-            released[call.get("owner")] = min(released.get(call.get("owner"), 1 << 62), int(call.invoke["wall"]))
+            owner = call.get("owner")
+            released[owner] = min(released.get(owner, 1 << 62), int(call.invoke["wall"]))
     for holder in grants:
         expires = holder.first.get("expiresAt")
+        granted = int(holder.outcome["wall"])
         if expires is None:
             continue
-        granted = int(holder.outcome["wall"])
-        after = [p for p in promotions_wall if p >= holder.invoke["wall"]]
-        promised = min(expires, after[0] + grace_ms) if after and after[0] < expires else expires
-        promised = min(promised, released.get(holder.get("owner"), 1 << 62))
-        for other in grants:
-            if (other is holder or other.get("name") != holder.get("name") or other.get("owner") == holder.get("owner")
-                    or other.first["slot"] != holder.first["slot"]):
+        for fault, grace_until in failovers:
+            if not granted <= fault < expires:
                 continue
-            if granted <= other.outcome["wall"] < promised - eps_ms and other.invoke["wall"] >= holder.invoke["wall"]:
-                violations.append({"kind": "lease_shortened", "holder": holder.outcome, "promised_until": promised,
-                                   "other": other.outcome})
+            promised = min(max(expires, grace_until), released.get(holder.get("owner"), 1 << 62))
+            for other in grants:
+                if (other.get("name") == holder.get("name") and other.first["slot"] == holder.first["slot"]
+                        and other.get("owner") != holder.get("owner")
+                        and granted <= other.outcome["wall"] < promised - eps_ms):
+                    violations.append({"kind": "lease_shortened", "holder": holder.outcome, "fault": fault,
+                                       "promised_until": promised, "other": other.outcome})
     return violations
 
 
@@ -424,6 +427,12 @@ def versioned(records: list, after: int, upto: int) -> list[tuple[int, str]]:
     return out
 
 
+def epoch_grace_until(records: list) -> dict[int, int]:
+    """{epoch: lease_grace_until_ms} from the EPOCH records of a log."""
+    return {record.epoch: record.lease_grace_until_ms for record in records
+            if type(record).__name__.lower() == "epoch" and hasattr(record, "lease_grace_until_ms")}
+
+
 def epoch_first_versions(records: list) -> dict[int, int]:
     """{epoch: first version} from the EPOCH records of a log (any record type named Epoch with
     `epoch` and `first_version` fields)."""
@@ -456,8 +465,8 @@ def check_convergence(logs: dict[str, tuple[list, int]], commit_version: int) ->
 
 
 def check_all(calls: list[Call], *, final_rows: dict, store_log: list[dict], limits: dict[str, int],
-              first_versions: dict[int, int] | None = None, promotions_wall: list[int] = (),
-              grace_ms: int = 0, eps_ms: int = 50, queue_drained: bool = True) -> dict[str, list[dict]]:
+              first_versions: dict[int, int] | None = None, failovers: list[tuple[int, int]] = (),
+              eps_ms: int = 50, queue_drained: bool = True) -> dict[str, list[dict]]:
     """Every history check at once: {"C1": [...], ..., "C7": [...]} (C8 and C9 take the nodes)."""
     return {
         "C1": check_acked_writes(calls, final_rows) + check_queue(calls, queue_drained),
@@ -465,6 +474,6 @@ def check_all(calls: list[Call], *, final_rows: dict, store_log: list[dict], lim
         "C3": check_epochs(calls, first_versions or {}),
         "C4": check_versions_unique(calls),
         "C5": check_fenced_mutex(calls, store_log, limits),
-        "C6": check_leases_kept(calls, list(promotions_wall), grace_ms, eps_ms),
+        "C6": check_leases_kept(calls, list(failovers), eps_ms),
         "C7": check_timers_once(calls, eps_ms),
     }
