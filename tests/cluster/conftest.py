@@ -21,7 +21,3 @@ def pytest_collection_modifyitems(config, items):
         _said.append(True)
         print(f"\n{REASON}", file=sys.stderr)
 
-
-def pytest_terminal_summary(terminalreporter):
-    if _said:
-        terminalreporter.write_line(REASON, red=True, bold=True)

@@ -20,7 +20,8 @@ import urllib.request
 
 from queen.testing import free_port
 
-ETCD = "/usr/bin/etcd"
+# Debian's etcd-server; QUEEN_TEST_ETCD names another etcd 3.4+ binary.
+ETCD = os.environ.get("QUEEN_TEST_ETCD") or "/usr/bin/etcd"
 
 
 def etcd_installed() -> bool:
