@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import pytest
@@ -81,7 +82,7 @@ def run_scenario(tmp_path, name: str, nemesis, *, nodes: int = 3, env: dict | No
         outcome.cluster = cluster
         try:
             cluster.start()
-            running = [WorkerProcess(kind, cluster.urls, work, f"{kind.lower()}-{i}", ops=ops, seed=hash((name, kind, i)) % 10_000,
+            running = [WorkerProcess(kind, cluster.urls, work, f"{kind.lower()}-{i}", ops=ops, seed=zlib.crc32(f'{name}/{kind}/{i}'.encode()),
                                      hold_s=hold_s if kind == "W2" else 0.0).start()
                        for kind, count, ops in workers for i in range(count)]
             try:

@@ -44,6 +44,7 @@ LOCK_TTL_S = 3
 QUEUE, TIMER_QUEUE = "hq", "ht"
 KV_NS = "h"
 REFUSALS = ("no_leader", "not_leader")
+STOP_AT = float("inf")  # time.monotonic() after which a workload starts no new operation
 CALL_DEADLINE_S = 8.0
 REQUEST_TIMEOUT_S = 3.0
 
@@ -212,6 +213,8 @@ def kv_op(op: dict) -> dict:
 def run_w1(nodes: Nodes, log: Log, rng: random.Random, ops: int) -> None:
     seen: dict[str, int] = {}
     for n in range(ops):
+        if time.monotonic() > STOP_AT:
+            break
         key = rng.choice(REGISTERS)
         if rng.random() < 0.5:
             answer = log.run(nodes, "get", "POST", "/api/v1/kv", kv_op({"op": "get", "ns": KV_NS, "key": key}),
@@ -232,6 +235,8 @@ def run_w1(nodes: Nodes, log: Log, rng: random.Random, ops: int) -> None:
 
 def run_w2(nodes: Nodes, log: Log, rng: random.Random, ops: int, store: FencedStore, hold_s: float) -> None:
     for n in range(ops):
+        if time.monotonic() > STOP_AT:
+            break
         name = rng.choice(sorted(LOCKS))
         owner = f"{log.worker}-{n}"
         acquire = {"op": "acquire", "name": name, "owner": owner, "ttlSeconds": LOCK_TTL_S, "waitMs": 1000}
@@ -259,6 +264,8 @@ def run_w2(nodes: Nodes, log: Log, rng: random.Random, ops: int, store: FencedSt
 
 def run_w3(nodes: Nodes, log: Log, rng: random.Random, ops: int) -> None:
     for _ in range(ops):
+        if time.monotonic() > STOP_AT:
+            break
         key = rng.choice(COUNTERS)
         log.run(nodes, "incr", "POST", "/api/v1/kv",
                 kv_op({"op": "incr", "ns": KV_NS, "key": key, "by": 1, "max": 1_000_000, "forever": True}),
@@ -287,6 +294,8 @@ def run_w4(nodes: Nodes, log: Log, rng: random.Random, ops: int) -> None:
             {"queue": QUEUE, "options": {"leaseTimeSeconds": 2, "retryLimit": 1000}}, write=True)
     latest_at = 0
     for n in range(ops):
+        if time.monotonic() > STOP_AT:
+            break
         roll = rng.random()
         if roll < 0.4:
             transaction_id = f"{log.worker}-m{n}"
@@ -307,6 +316,8 @@ def run_w4(nodes: Nodes, log: Log, rng: random.Random, ops: int) -> None:
     # Drain: until every timer scheduled here is due, then two empty pops of each queue.
     empty = 0
     for _ in range(200):
+        if time.monotonic() > STOP_AT + 30:
+            break
         timers = _pop(nodes, log, TIMER_QUEUE, 200, True)
         fired = bool(timers and timers.get("messages"))
         consumed = _consume(nodes, log, 200)
@@ -396,8 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", required=True)
     parser.add_argument("--store", help="the fenced store's directory (W2)")
     parser.add_argument("--hold-s", type=float, default=0.0, help="W2: how long a holder works before writing")
+    parser.add_argument("--deadline-s", type=float, default=90.0,
+                        help="no new operation starts after this long (a stalled cluster must not hold a test)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
+    global STOP_AT
+    STOP_AT = time.monotonic() + args.deadline_s
     nodes = Nodes(args.urls.split(","), rng)
     log = Log(args.log, args.name)
     log.write(op=0, type="start", kind=args.kind, pid=os.getpid())
