@@ -76,6 +76,7 @@ def run_scenario(tmp_path, name: str, nemesis, *, nodes: int = 3, env: dict | No
     workers are under way; wait for them; heal; read the final state and the logs; check."""
     work = str(tmp_path)
     outcome = Outcome(name)
+    running: list[WorkerProcess] = []
     with EtcdCluster(work, 3) as etcd:
         cluster = QueenCluster(work, etcd, nodes, leader_ttl_s=LEADER_TTL_S, sync_mode=sync_mode, env=env)
         cluster.node_env = dict(node_env or {})
@@ -107,7 +108,8 @@ def run_scenario(tmp_path, name: str, nemesis, *, nodes: int = 3, env: dict | No
             final = cluster.final_rows(REGISTERS + COUNTERS)
         finally:
             cluster.stop()
-        logs = {node_id: checks.log_records(node.data_dir) for node_id, node in cluster.nodes.items()}
+        logs = {node_id: checks.log_records(node.data_dir) for node_id, node in cluster.nodes.items()
+                if os.path.isdir(node.data_dir)}
     events = [event for worker in running for event in worker.events()]
     calls = checks.calls_of(events)
     records = max(logs.values(), key=lambda log: len(log[0]))[0]
