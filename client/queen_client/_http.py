@@ -1,13 +1,21 @@
 """A small HTTP/1.1 client on h11 over anyio, so one implementation runs under asyncio and Trio.
 
-Owns: a pool of keep-alive connections to one server (at most `connections_max` open at once, so
-callers queue rather than open sockets without bound), one request/response cycle per borrowed
-connection, and the retry policy (`Transport.call`): transport errors and 503 are retried with
-capped, jittered exponential backoff only when the caller says the call is safe to repeat.
+Owns: pools of keep-alive connections to the nodes it was given (at most `connections_max` open at
+once in all, so callers queue rather than open sockets without bound), one request/response cycle
+per borrowed connection, which node is the leader as far as it knows, and the retry policy
+(`Transport.call`): transport errors and 503 are retried with capped, jittered exponential backoff
+only when the caller says the call is safe to repeat.
 
-Never: follows redirects, speaks anything but JSON to Queen, or retries a call it was not told is
-safe. A connection whose cycle was interrupted (error, timeout, cancellation) is closed, never
-reused, since its next answer could belong to the interrupted request.
+Several nodes (a cluster): calls go to the cached leader. A 307 (a follower naming the leader) is
+followed once per call, method and body kept, and its target cached as the leader. A 503
+`no_leader` / `not_leader` applied nothing, so any call is tried again, on the next node, after
+its Retry-After. A connection error moves the cache to the next node; only a call safe to repeat
+is then tried again there (for a write the outcome is unknown, as on one node).
+
+Never: follows more than one redirect per call, speaks anything but JSON to Queen, or retries a
+call it was not told is safe unless the server said nothing was applied. A connection whose cycle
+was interrupted (error, timeout, cancellation) is closed, never reused, since its next answer
+could belong to the interrupted request.
 """
 
 from __future__ import annotations
@@ -41,6 +49,22 @@ BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 2.0
 # 503 codes the server answers before reading or applying anything: repeating any call is safe.
 NOTHING_APPLIED_503 = frozenset({"too_many_connections", "paused"})
+# 503 codes of a cluster node that is not the serving leader (nothing applied): try the next node.
+LEADER_REFUSALS = frozenset({"no_leader", "not_leader"})
+
+
+def parse_urls(urls) -> list[str]:
+    """A list of base URLs, or one string of them separated by commas: the list, each stripped of
+    a trailing slash. ValueError when none is given or one does not look like http(s)://host:port."""
+    items = urls.split(",") if isinstance(urls, str) else list(urls)
+    items = [item.strip().rstrip("/") for item in items if item and item.strip()]
+    if not items:
+        raise ValueError("no server URL given")
+    for item in items:
+        parts = urlsplit(item)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"the base URL must look like http://host:port, not {item!r}")
+    return items
 
 
 def backoff_s(attempt: int) -> float:
@@ -80,47 +104,70 @@ class _Connection:
             peek.detach()
 
 
-class Transport:
-    """Keep-alive connections to one base URL. Create it anywhere; use it from one event loop."""
+class _Endpoint:
+    """One node: where it is, and its idle connections."""
 
-    def __init__(self, base_url: str, *, connections_max: int = 16, timeout_s: float = 10.0,
-                 retries_max: int = 5, ssl_context: ssl.SSLContext | None = None, token: str | None = None):
+    __slots__ = ("base_url", "host", "port", "prefix", "tls", "host_header", "idle")
+
+    def __init__(self, base_url: str):
         parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"the base URL must look like http://host:port, not {base_url!r}")
-        self.base_url = base_url.rstrip("/")
+        self.base_url = base_url
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.prefix = parts.path.rstrip("/")
         self.tls = parts.scheme == "https"
-        self.ssl_context = ssl_context
         self.host_header = parts.netloc.encode()
+        self.idle: list[_Connection] = []
+
+
+class Transport:
+    """Keep-alive connections to one node, or to the nodes of a cluster (a list of base URLs, or
+    one string of them separated by commas). Create it anywhere; use it from one event loop."""
+
+    def __init__(self, base_url, *, connections_max: int = 16, timeout_s: float = 10.0,
+                 retries_max: int = 5, ssl_context: ssl.SSLContext | None = None, token: str | None = None):
+        self.endpoints = [_Endpoint(url) for url in parse_urls(base_url)]
+        self._known = {endpoint.base_url: endpoint for endpoint in self.endpoints}
+        self.leader = self.endpoints[0]  # where calls go: the node that answered last, or a 307 named
+        self.epoch: int | None = None  # the last X-Queen-Epoch a node answered with (cluster mode)
+        self.ssl_context = ssl_context
         # Sent on every request; kept out of every message and repr (it is a secret).
         self._authorization = None if not token else ("authorization", b"Bearer " + token.encode())
         self.timeout_s = timeout_s
         self.retries_max = retries_max
         self.connections_max = connections_max
         self._slots = anyio.Semaphore(connections_max)
-        self._idle: list[_Connection] = []
         self.requests = 0  # statistics
         self.retries = 0
+        self.redirects = 0
+
+    @property
+    def base_url(self) -> str:
+        """The node calls go to now."""
+        return self.leader.base_url
+
+    def idle_connections(self) -> int:
+        return sum(len(endpoint.idle) for endpoint in self._known.values())
 
     # -- one cycle ---------------------------------------------------------------------------------
 
-    async def _open(self) -> _Connection:
+    async def _open(self, endpoint: _Endpoint) -> _Connection:
         try:
-            stream = await anyio.connect_tcp(self.host, self.port, tls=self.tls, ssl_context=self.ssl_context)
+            stream = await anyio.connect_tcp(endpoint.host, endpoint.port, tls=endpoint.tls,
+                                             ssl_context=self.ssl_context)
         except OSError as error:
-            raise TransportError(f"cannot connect to {self.base_url}: {error}") from error
+            raise TransportError(f"cannot connect to {endpoint.base_url}: {error}") from error
         return _Connection(stream)
 
     async def request(self, method: str, path: str, body: bytes | None = None,
-                      timeout_s: float | None = None) -> tuple[int, dict, bytes]:
-        """One request on a pooled connection: (status, lower-cased headers, body)."""
+                      timeout_s: float | None = None, endpoint: _Endpoint | None = None) -> tuple[int, dict, bytes]:
+        """One request on a pooled connection to endpoint (default: the leader as far as we know):
+        (status, lower-cased headers, body)."""
+        endpoint = endpoint or self.leader
         async with self._slots:
             connection = None
-            while self._idle:
-                candidate = self._idle.pop()
+            while endpoint.idle:
+                candidate = endpoint.idle.pop()
                 if anyio.current_time() - candidate.idle_since > IDLE_PEEK_AFTER_S and candidate.looks_closed():
                     await _close(candidate)
                     continue
@@ -130,37 +177,41 @@ class Transport:
             try:
                 with anyio.fail_after(self.timeout_s if timeout_s is None else timeout_s):
                     if connection is None:
-                        connection = await self._open()
-                    status, headers, data, reusable = await self._cycle(connection, method, path, body)
+                        connection = await self._open(endpoint)
+                    status, headers, data, reusable = await self._cycle(connection, endpoint, method, path, body)
             except TimeoutError:
                 if connection is not None:
                     await _close(connection)
-                raise RequestTimeout(f"{method} {path}: no answer from {self.base_url} in time") from None
+                raise RequestTimeout(f"{method} {path}: no answer from {endpoint.base_url} in time") from None
             except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
                     h11.ProtocolError) as error:
                 if connection is not None:
                     await _close(connection)
-                raise TransportError(f"{method} {path}: connection to {self.base_url} failed: {error!r}") from error
+                raise TransportError(f"{method} {path}: connection to {endpoint.base_url} failed: {error!r}") from error
             except BaseException:  # cancelled mid-cycle: the connection's state is unknown
                 if connection is not None:
                     await _close(connection)
                 raise
             if reusable:
                 connection.idle_since = anyio.current_time()
-                self._idle.append(connection)
+                endpoint.idle.append(connection)
             else:
                 await _close(connection)
+            epoch = headers.get("x-queen-epoch")
+            if epoch is not None and epoch.isdigit():
+                self.epoch = int(epoch)
             return status, headers, data
 
-    async def _cycle(self, connection: _Connection, method: str, path: str, body: bytes | None):
+    async def _cycle(self, connection: _Connection, endpoint: _Endpoint, method: str, path: str,
+                     body: bytes | None):
         conn = connection.h11
         data = body or b""
-        headers = [("host", self.host_header), ("content-length", str(len(data)))]
+        headers = [("host", endpoint.host_header), ("content-length", str(len(data)))]
         if self._authorization is not None:
             headers.append(self._authorization)
         if body is not None:
             headers.append(("content-type", "application/json"))
-        out = conn.send(h11.Request(method=method, target=self.prefix + path, headers=headers))
+        out = conn.send(h11.Request(method=method, target=endpoint.prefix + path, headers=headers))
         out += conn.send(h11.Data(data=data)) if data else b""
         out += conn.send(h11.EndOfMessage())
         await connection.stream.send(out)
@@ -198,10 +249,21 @@ class Transport:
         clock, no retry starts after it (the caller usually also wraps the call in a cancel scope)."""
         body = None if document is None else orjson.dumps(document)
         attempt = 0
+        redirected = False
         while True:
+            endpoint = self.leader
             try:
-                status, headers, data = await self.request(method, path, body, timeout_s)
+                status, headers, data = await self.request(method, path, body, timeout_s, endpoint)
+                if status == 307 and not redirected:
+                    # A follower named the leader: nothing was applied. Once per call.
+                    target = self._redirect_target(headers.get("location"), path)
+                    if target is not None:
+                        redirected = True
+                        self.redirects += 1
+                        self.leader = endpoint = target
+                        status, headers, data = await self.request(method, path, body, timeout_s, target)
             except TransportError as error:
+                self._move_on(endpoint)
                 if not safe or not self._may_retry(attempt, deadline, 0.0):
                     raise
                 await self._pause(attempt, deadline, 0.0, why=(method, path, error))
@@ -209,7 +271,21 @@ class Transport:
                 continue
             if 200 <= status < 300:
                 return orjson.loads(data) if data else None
-            error: ApiError = from_response(status, data, headers.get("retry-after"))
+            if status == 307:  # a second redirect in one call: a refusal that applied nothing
+                error: ApiError = UnavailableError(307, "not_leader", "redirected more than once",
+                                                   {"location": headers.get("location")}, None)
+            else:
+                error = from_response(status, data, headers.get("retry-after"))
+            if isinstance(error, UnavailableError) and error.code in LEADER_REFUSALS:
+                # A node that is not the serving leader refused before applying anything: any call
+                # may go again, on the next node, after the hint.
+                self._move_on(endpoint)
+                hint = min(error.retry_after_s or 0.0, BACKOFF_MAX_S)
+                if self._may_retry(attempt, deadline, hint):
+                    await self._pause(attempt, deadline, hint, why=(method, path, error))
+                    attempt += 1
+                    continue
+                raise error
             if isinstance(error, RateLimited) and error.code == "rate_limited":
                 # Refused before anything was applied, and over once the bucket refills: wait as
                 # told, to the millisecond when the server says (Retry-After is whole seconds).
@@ -226,6 +302,27 @@ class Transport:
                     attempt += 1
                     continue
             raise error
+
+    def _redirect_target(self, location: str | None, path: str) -> _Endpoint | None:
+        """The node a 307's Location names (its base URL: the Location less the path we asked for)."""
+        if not location:
+            return None
+        parts = urlsplit(location)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return None
+        base = location[:-len(path)] if location.endswith(path) else f"{parts.scheme}://{parts.netloc}"
+        base = base.rstrip("/")
+        endpoint = self._known.get(base)
+        if endpoint is None:
+            endpoint = self._known[base] = _Endpoint(base)
+        return endpoint
+
+    def _move_on(self, endpoint: _Endpoint) -> None:
+        """The node failed us: calls go to the next configured one (unless another call moved on already)."""
+        if self.leader is not endpoint:
+            return
+        index = self.endpoints.index(endpoint) + 1 if endpoint in self.endpoints else 0
+        self.leader = self.endpoints[index % len(self.endpoints)]
 
     def _may_retry(self, attempt: int, deadline: float | None, hint_s: float) -> bool:
         if deadline is not None:
@@ -247,9 +344,10 @@ class Transport:
         await anyio.sleep(delay)
 
     async def aclose(self) -> None:
-        idle, self._idle = self._idle, []
-        for connection in idle:
-            await _close(connection)
+        for endpoint in self._known.values():
+            idle, endpoint.idle = endpoint.idle, []
+            for connection in idle:
+                await _close(connection)
 
 
 async def _close(connection: _Connection) -> None:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from urllib.parse import urlencode
 
 import anyio
 import anyio.abc
 
-from queen_client._http import Transport
+from queen_client._http import Transport, parse_urls
 from queen_client.kv import Kv
 from queen_client.locks import Lock, Locks, Semaphore
 from queen_client.queues import Queue
@@ -34,9 +34,10 @@ def default_url() -> str:
     return os.environ.get("QUEEN_URL") or DEFAULT_URL
 
 
-def tls_context(url: str, ca_file: str | None) -> ssl.SSLContext | None:
-    """For an https URL: the system's trusted CAs, or only ca_file's (a private CA) when given."""
-    if not url.startswith("https:"):
+def tls_context(url, ca_file: str | None) -> ssl.SSLContext | None:
+    """For https URLs (one, or a list or a comma-separated string of a cluster's nodes): the
+    system's trusted CAs, or only ca_file's (a private CA) when given."""
+    if not any(item.startswith("https:") for item in parse_urls(url)):
         return None
     ca_file = ca_file or os.environ.get("QUEEN_CA_FILE") or None
     try:
@@ -46,14 +47,17 @@ def tls_context(url: str, ca_file: str | None) -> ssl.SSLContext | None:
 
 
 class Client:
-    def __init__(self, url: str | None = None, *, token: str | None = None, ca_file: str | None = None,
+    def __init__(self, url: str | Sequence[str] | None = None, *, token: str | None = None, ca_file: str | None = None,
                  connections_max: int = 16, timeout_s: float = 10.0, retries_max: int = 5):
-        """token: sent as `Authorization: Bearer` (default: QUEEN_TOKEN); ca_file: the CA that
+        """url: the broker, or a cluster's nodes (a list, or one string with commas; default:
+        QUEEN_URL, which may list several too): calls go to the leader, found by following a
+        follower's 307 and cached; a node that is not the leader, or unreachable, is passed over for
+        the next one (see README, "Several nodes"). token: sent as `Authorization: Bearer` (default: QUEEN_TOKEN); ca_file: the CA that
         signed an https server's certificate, when not one the system trusts (default:
         QUEEN_CA_FILE); connections_max: open connections at most (more concurrent calls queue);
         timeout_s: per request attempt; retries_max: attempts after the first, for calls safe to
         repeat (and for any call refused by the tenant's write rate, after its Retry-After)."""
-        self.url = url or default_url()
+        self.url = url if isinstance(url, str) and url else ",".join(url) if url else default_url()
         self._transport = Transport(self.url, connections_max=connections_max, timeout_s=timeout_s,
                                     retries_max=retries_max, ssl_context=tls_context(self.url, ca_file),
                                     token=token if token is not None else os.environ.get("QUEEN_TOKEN"))
@@ -65,6 +69,17 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<queen_client.Client {self.url}>"
+
+    @property
+    def epoch(self) -> int | None:
+        """The last X-Queen-Epoch a node answered with: the leader's term in a cluster (None on one
+        node). It only grows across failovers; for logs and for stores that keep (epoch, fence)."""
+        return self._transport.epoch
+
+    @property
+    def leader_url(self) -> str:
+        """The node calls go to now: the leader as far as this client knows."""
+        return self._transport.base_url
 
     async def __aenter__(self) -> Client:
         task_group = anyio.create_task_group()
@@ -121,7 +136,7 @@ class Client:
     def statistics(self) -> dict:
         transport = self._transport
         return {"requests": transport.requests, "retries": transport.retries, "held": len(self._held),
-                "idle_connections": len(transport._idle)}
+                "idle_connections": transport.idle_connections(), "redirects": transport.redirects}
 
     # -- for the handles -------------------------------------------------------------------------
 

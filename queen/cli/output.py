@@ -36,7 +36,8 @@ def parents() -> dict[str, argparse.ArgumentParser]:
     """Option groups that client commands share: `client` (every one), `lifetime` (KV writes)."""
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument("--url", default=None, metavar="URL",
-                        help="the broker [env QUEEN_URL] (default: http://127.0.0.1:6632)")
+                        help="the broker, or a cluster's nodes separated by commas (calls follow the "
+                             "leader) [env QUEEN_URL] (default: http://127.0.0.1:6632)")
     # Not --token: in `queen lock renew|release` that is the lock's fencing token.
     client.add_argument("--auth-token", default=None, metavar="SECRET", dest="auth_token",
                         help="the API token, sent as Authorization: Bearer (prefer the variable: a flag shows "

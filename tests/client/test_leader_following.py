@@ -1,0 +1,189 @@
+"""The SDK against a cluster's nodes: tiny fake nodes (trio + h11) answer as a follower would (307 to
+the leader, 503 no_leader / not_leader with Retry-After) or as the leader (200, X-Queen-Epoch)."""
+
+import json
+import os
+import subprocess
+import sys
+from functools import partial
+
+import h11
+import pytest
+import trio
+
+import queen_client
+from queen.testing import free_port
+from queen_client.errors import TransportError, UnavailableError
+
+
+class FakeNode:
+    """Answers each request with `answer(method, target, body)` -> (status, headers, body dict)."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.seen: list[tuple[str, str, bytes]] = []
+        self.port = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def serve(self, nursery):
+        listeners = await nursery.start(partial(trio.serve_tcp, self._handle, 0, host="127.0.0.1"))
+        self.port = listeners[0].socket.getsockname()[1]
+
+    async def _handle(self, stream):
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                method = target = None
+                body = b""
+                while True:
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        data = await stream.receive_some(65536)
+                        if not data:
+                            return
+                        conn.receive_data(data)
+                    elif isinstance(event, h11.Request):
+                        method, target = event.method.decode(), event.target.decode()
+                    elif isinstance(event, h11.Data):
+                        body += event.data
+                    elif isinstance(event, h11.EndOfMessage):
+                        break
+                    elif isinstance(event, h11.ConnectionClosed):
+                        return
+                self.seen.append((method, target, body))
+                status, headers, document = self.answer(method, target, body)
+                payload = json.dumps(document).encode() if document is not None else b""
+                head = [("content-length", str(len(payload))), ("content-type", "application/json"),
+                        *headers.items()]
+                await stream.send_all(conn.send(h11.Response(status_code=status, headers=head))
+                                      + conn.send(h11.Data(data=payload)) + conn.send(h11.EndOfMessage()))
+                conn.start_next_cycle()
+        except (trio.BrokenResourceError, h11.ProtocolError):
+            return
+        finally:
+            await stream.aclose()
+
+
+def leader(epoch: int):
+    def answer(method, target, body):
+        if target.startswith("/api/v1/kv"):
+            op = json.loads(body)["operations"][0]
+            if op["op"] == "get":
+                return 200, {"x-queen-epoch": str(epoch)}, {"results": [{"found": True, "value": "v", "version": 3,
+                                                                          "key": op["key"]}]}
+            return 200, {"x-queen-epoch": str(epoch)}, {"results": [{"applied": True, "version": 9}]}
+        return 404, {}, {"error": {"code": "not_found", "message": target}}
+    return answer
+
+
+def redirect_to(node: FakeNode, epoch: int = 7):
+    return lambda method, target, body: (307, {"location": node.url + target, "x-queen-epoch": str(epoch)}, None)
+
+
+def refusing(code: str, retry_after: str = "0"):
+    return lambda method, target, body: (503, {"retry-after": retry_after},
+                                         {"error": {"code": code, "message": "not the leader"}})
+
+
+async def test_a_307_is_followed_once_with_method_and_body_and_the_leader_cached():
+    async with trio.open_nursery() as nursery:
+        lead = FakeNode(leader(epoch=7))
+        await lead.serve(nursery)
+        follower = FakeNode(redirect_to(lead))
+        await follower.serve(nursery)
+        async with queen_client.Client([follower.url]) as client:
+            result = await client.kv.put("ns", "k", "value", forever=True)
+            assert result.applied and result.version == 9
+            assert client.epoch == 7 and client.leader_url == lead.url
+            await client.kv.get("ns", "k")
+        assert len(follower.seen) == 1  # the second call went straight to the cached leader
+        (method, target, body), second = lead.seen
+        assert method == "POST" and target == "/api/v1/kv" and json.loads(body)["operations"][0]["value"] == "value"
+        assert body == follower.seen[0][2] and second[0] == "POST"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_second_redirect_in_one_call_is_not_followed():
+    async with trio.open_nursery() as nursery:
+        a, b = FakeNode(None), FakeNode(None)
+        await a.serve(nursery)
+        await b.serve(nursery)
+        a.answer, b.answer = redirect_to(b), redirect_to(a)  # a loop: followers that disagree
+        async with queen_client.Client([a.url], retries_max=1) as client:
+            with pytest.raises(UnavailableError) as caught:
+                await client.kv.put("ns", "k", "value", forever=True)
+        assert caught.value.code == "not_leader"
+        # Each attempt: one request and at most one redirect; never a chain.
+        assert len(a.seen) + len(b.seen) <= 4
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("code", ["no_leader", "not_leader"])
+async def test_a_write_refused_by_a_node_that_is_not_the_leader_goes_to_the_next_node(code):
+    async with trio.open_nursery() as nursery:
+        refuser, lead = FakeNode(refusing(code)), FakeNode(leader(epoch=4))
+        await refuser.serve(nursery)
+        await lead.serve(nursery)
+        async with queen_client.Client(f"{refuser.url},{lead.url}") as client:
+            result = await client.kv.put("ns", "k", "value", forever=True)  # a write: retried, as nothing was applied
+            assert result.applied and client.leader_url == lead.url and client.epoch == 4
+        assert len(refuser.seen) == 1 and len(lead.seen) == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_election_that_never_ends_gives_up_after_the_retries():
+    async with trio.open_nursery() as nursery:
+        a, b = FakeNode(refusing("no_leader")), FakeNode(refusing("no_leader"))
+        await a.serve(nursery)
+        await b.serve(nursery)
+        async with queen_client.Client([a.url, b.url], retries_max=3) as client:
+            with pytest.raises(UnavailableError) as caught:
+                await client.kv.put("ns", "k", "value", forever=True)
+        assert caught.value.code == "no_leader"
+        assert len(a.seen) + len(b.seen) == 4  # the first attempt and three retries, alternating
+        assert abs(len(a.seen) - len(b.seen)) <= 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_error_moves_reads_on_but_leaves_a_write_unknown():
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    async with trio.open_nursery() as nursery:
+        lead = FakeNode(leader(epoch=2))
+        await lead.serve(nursery)
+        async with queen_client.Client([dead, lead.url]) as client:
+            item = await client.kv.get("ns", "k")  # a read: tried again on the next node
+            assert item.value == "v" and client.leader_url == lead.url
+        async with queen_client.Client([dead, lead.url]) as client:
+            with pytest.raises(TransportError):  # a write: its outcome is unknown, never repeated
+                await client.kv.put("ns", "k", "value", forever=True)
+            assert client.leader_url == lead.url  # the next call goes to the next node
+            assert (await client.kv.put("ns", "k", "value", forever=True)).applied
+        assert [seen[0] for seen in lead.seen] == ["POST", "POST"]
+        nursery.cancel_scope.cancel()
+
+
+def test_urls_as_a_list_a_comma_string_or_queen_url(monkeypatch):
+    assert queen_client.Client(["http://a:1", "http://b:2/"])._transport.endpoints[1].base_url == "http://b:2"
+    assert [e.port for e in queen_client.Client("http://a:1, http://b:2")._transport.endpoints] == [1, 2]
+    monkeypatch.setenv("QUEEN_URL", "http://a:1,http://b:2,http://c:3")
+    assert len(queen_client.Client()._transport.endpoints) == 3
+    with pytest.raises(ValueError):
+        queen_client.Client("http://a:1,ftp://b")
+
+
+def test_the_cli_takes_a_list_of_urls(tmp_path):
+    from queen.testing import ServerProcess
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    with ServerProcess(str(tmp_path / "data")) as server:
+        env = dict(os.environ, QUEEN_URL="")
+        put = subprocess.run([sys.executable, "-m", "queen", "kv", "put", "ns", "k", "1", "--forever", "--url",
+                              f"{server.url},{dead}"], capture_output=True, text=True, env=env, timeout=60)
+        assert put.returncode == 0, put.stderr
+        got = subprocess.run([sys.executable, "-m", "queen", "kv", "get", "ns", "k", "--url", f"{dead},{server.url}"],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert got.returncode == 0, got.stderr
+        assert "1" in got.stdout

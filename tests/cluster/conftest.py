@@ -1,0 +1,23 @@
+"""The cluster suite needs Debian's etcd-server (/usr/bin/etcd). Without it every test here skips,
+and the run says so once, loudly, on stderr and in each skip reason."""
+
+import sys
+
+import pytest
+
+from tests.cluster.harness.etcd import ETCD, etcd_installed
+
+REASON = f"SKIPPED LOUDLY: etcd not installed ({ETCD} missing; apt-get install etcd-server): the cluster suite did not run"
+_said = []
+
+
+def pytest_collection_modifyitems(config, items):
+    if etcd_installed():
+        return
+    mine = [item for item in items if "tests/cluster/" in str(item.path).replace("\\", "/")]
+    for item in mine:
+        item.add_marker(pytest.mark.skip(reason=REASON))
+    if mine and not _said:
+        _said.append(True)
+        print(f"\n{REASON}", file=sys.stderr)
+

@@ -1,0 +1,309 @@
+"""Failover scenarios: 3 etcd members, 3 (or 2) Queen nodes, every link through a proxy, client
+worker processes running W1-W4 while one nemesis strikes; then heal, read the final state from the
+leader, read every node's log, and run the checks C1-C9 (tests/cluster/harness/checks.py).
+
+They need `queen serve --cluster`; on a build without it they skip, saying so. Negative controls
+at the end run a scenario against a server switched into a deliberate bug (a QUEEN_TEST_* variable,
+tests/cluster/harness/nodes.py) and pass only when the check meant to see that bug fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import pytest
+
+from tests.cluster.harness import checks
+from tests.cluster.harness.etcd import EtcdCluster
+from tests.cluster.harness.nodes import QueenCluster, cluster_supported
+from tests.cluster.harness.workers import (
+    COUNTERS,
+    LOCK_TTL_S,
+    LOCKS,
+    REGISTERS,
+    WorkerProcess,
+    mono_ms,
+    read_log,
+    wall_ms,
+)
+
+LEADER_TTL_S = 2.0
+GRACE_MS = int(LEADER_TTL_S * 1000)
+EPS_MS = 100
+# C8, asserted generously (a busy 2-core machine): T_l + 1.5 s is the goal, reported in the summary.
+FAILOVER_GOAL_MS = (LEADER_TTL_S + 1.5) * 1000
+FAILOVER_BOUND_MS = 15_000
+
+pytestmark = pytest.mark.skipif(
+    not cluster_supported(),
+    reason="queen serve --cluster is not in this build (`queen serve --help` has no --cluster): "
+           "the failover scenarios run once the HA nodes land")
+
+# Worker mix per scenario: (kind, count, ops). Bounded, so every scenario ends by itself.
+WORKERS = (("W1", 3, 60), ("W2", 2, 10), ("W3", 1, 60), ("W4", 1, 30))
+RESULTS: list[dict] = []  # per scenario: name, failover ms, violations by check (printed at the end)
+
+
+@dataclass
+class Outcome:
+    name: str
+    found: dict = field(default_factory=dict)
+    failover_ms: float | None = None
+    calls: list = field(default_factory=list)
+    cluster: QueenCluster | None = None
+
+    def violations(self, *exempt: str) -> dict:
+        return {check: found[:3] for check, found in self.found.items() if found and check not in exempt}
+
+
+def _progress(workers, ok_count: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if sum(event["type"] == "ok" for w in workers for event in read_log(w.log_path)) >= ok_count:
+            return
+        time.sleep(0.05)  # polling the workers' logs
+    raise AssertionError("the workers made no progress")
+
+
+def run_scenario(tmp_path, name: str, nemesis, *, nodes: int = 3, env: dict | None = None,
+                 node_env: dict | None = None, sync_mode: str | None = None, workers=WORKERS,
+                 hold_s: float = 0.0, worker_hook=None) -> Outcome:
+    """Start etcd, the nodes and the workers; strike with nemesis(cluster, leader, workers) once the
+    workers are under way; wait for them; heal; read the final state and the logs; check."""
+    work = str(tmp_path)
+    outcome = Outcome(name)
+    running: list[WorkerProcess] = []
+    with EtcdCluster(work, 3) as etcd:
+        cluster = QueenCluster(work, etcd, nodes, leader_ttl_s=LEADER_TTL_S, sync_mode=sync_mode, env=env)
+        cluster.node_env = dict(node_env or {})
+        outcome.cluster = cluster
+        try:
+            cluster.start()
+            running = [WorkerProcess(kind, cluster.urls, work, f"{kind.lower()}-{i}", ops=ops, seed=zlib.crc32(f'{name}/{kind}/{i}'.encode()),
+                                     hold_s=hold_s if kind == "W2" else 0.0).start()
+                       for kind, count, ops in workers for i in range(count)]
+            try:
+                _progress(running, 20)
+                leader = cluster.wait_leader()
+                epoch_before = cluster.epoch()
+                fault_t, fault_wall = mono_ms(), wall_ms()
+                nemesis(cluster, leader, running)
+                for worker in running:
+                    worker.wait(180)
+            finally:
+                for worker in running:
+                    worker.kill()
+            cluster.heal()
+            for node_id, node in cluster.nodes.items():
+                if not node.alive():
+                    cluster.start_node(node_id)
+                elif node.paused:
+                    cluster.resume(node_id)
+            cluster.wait_leader()
+            commit = cluster.wait_converged(60)
+            final = cluster.final_rows(REGISTERS + COUNTERS)
+        finally:
+            cluster.stop()
+        logs = {node_id: checks.log_records(node.data_dir) for node_id, node in cluster.nodes.items()
+                if os.path.isdir(node.data_dir)}
+    events = [event for worker in running for event in worker.events()]
+    calls = checks.calls_of(events)
+    records = max(logs.values(), key=lambda log: len(log[0]))[0]
+    first_versions = checks.epoch_first_versions(records)
+    grace = checks.epoch_grace_until(records)
+    later = [e for e in sorted(grace) if epoch_before is None or e > epoch_before]
+    failovers = [(fault_wall, grace[later[0]])] if later else []
+    outcome.found = checks.check_all(calls, final_rows=final, store_log=read_log(os.path.join(work, "fenced-store",
+                                                                                             "store.jsonl")),
+                                     limits=LOCKS, first_versions=first_versions, failovers=failovers, eps_ms=EPS_MS)
+    outcome.found["C9"] = checks.check_convergence(logs, commit)
+    outcome.failover_ms = checks.failover_time_ms(calls, fault_t, epoch_before)
+    outcome.calls = calls
+    RESULTS.append({"name": name, "failover_ms": outcome.failover_ms, "ok_calls": sum(c.ok for c in calls),
+                    "violations": {k: len(v) for k, v in outcome.found.items() if v}})
+    print(f"\nscenario {name}: failover {outcome.failover_ms} ms, {sum(c.ok for c in calls)} ok calls, "
+          f"violations {RESULTS[-1]['violations']}", file=sys.stderr)
+    return outcome
+
+
+def assert_clean(outcome: Outcome, *exempt: str, failover: bool = True) -> None:
+    assert outcome.violations(*exempt) == {}
+    if failover:
+        assert outcome.failover_ms is not None, "no write answered by a new epoch"
+        assert outcome.failover_ms < FAILOVER_BOUND_MS, outcome.failover_ms
+
+
+def wait_until(condition, timeout_s: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout_s} s")
+
+
+# -- nemeses -------------------------------------------------------------------------------------
+
+
+def kill_leader_restart_later(cluster: QueenCluster, leader: str, workers) -> None:
+    """N1: SIGKILL the leader; once another leads, start it again (it rejoins and truncates)."""
+    cluster.kill(leader)
+    cluster.wait_leader(other_than=leader)
+    cluster.start_node(leader)
+
+
+def pause_leader(cluster: QueenCluster, leader: str, workers) -> None:
+    """N2: SIGSTOP the leader past 3·T_l (another is elected meanwhile), then SIGCONT: the zombie."""
+    stopped = time.monotonic()
+    cluster.pause(leader)
+    cluster.wait_leader(other_than=leader)
+    time.sleep(max(0.0, stopped + 3 * LEADER_TTL_S - time.monotonic()))  # the pause is the fault
+    cluster.resume(leader)
+
+
+def cut_leader_from_etcd(cluster: QueenCluster, leader: str, workers) -> None:
+    """N3 / N3b: blackhole leader↔etcd only; it still reaches followers and clients."""
+    for proxy in cluster.etcd_link(leader):
+        proxy.blackhole()
+    cluster.wait_leader(other_than=leader)
+    time.sleep(LEADER_TTL_S)  # the old leader keeps trying meanwhile (N3b): that is the fault
+    for proxy in cluster.etcd_link(leader):
+        proxy.pass_()
+
+
+def cut_leader_from_standby(cluster: QueenCluster, leader: str, workers) -> None:
+    """N4: blackhole leader↔sync standby only; strict: a stall, then the async follower swapped
+    in; degrade: sync=[] written before any answer without the standby."""
+    standby = (cluster.status(leader) or {}).get("sync", [])[0]
+    for proxy in cluster.replication_link(leader, standby):
+        proxy.blackhole()
+    wait_until(lambda: (s := cluster.status(leader)) and (standby not in s.get("sync", []) or s.get("degraded")),
+               30, "the sync set changed")
+    for proxy in cluster.replication_link(leader, standby):
+        proxy.pass_()
+
+
+def kill_new_leader_too(cluster: QueenCluster, leader: str, workers) -> None:
+    """N6: kill the leader, then the new one as soon as it leads (right after its EPOCH)."""
+    cluster.kill(leader)
+    second = cluster.wait_leader(other_than=leader)
+    cluster.kill(second)
+    cluster.start_node(leader)
+    third = cluster.wait_leader(other_than=second)
+    assert third != second
+    cluster.start_node(second)
+
+
+def force_promote_async(cluster: QueenCluster, leader: str, workers) -> None:
+    """N9: kill the leader and its sync standby; force-promote the async follower."""
+    status = cluster.status(leader)
+    sync = status.get("sync", [])
+    target = next(n for n in cluster.nodes if n != leader and n not in sync)
+    cluster.kill(leader)
+    for node in sync:
+        cluster.kill(node)
+    from tests.cluster.harness.nodes import _post_json
+
+    _post_json(cluster.nodes[target].direct_url + "/api/v1/cluster/force-promote", {"node": target})
+    cluster.wait_leader()
+    assert cluster.leader() == target
+
+
+# -- scenarios -----------------------------------------------------------------------------------
+
+
+def test_n1_kill_leader(tmp_path):
+    assert_clean(run_scenario(tmp_path, "N1", kill_leader_restart_later))
+
+
+def test_n2_paused_leader_is_a_zombie(tmp_path):
+    assert_clean(run_scenario(tmp_path, "N2", pause_leader))
+
+
+def test_n3_leader_cut_from_etcd(tmp_path):
+    assert_clean(run_scenario(tmp_path, "N3", cut_leader_from_etcd))
+
+
+N3B_ENV = {"QUEEN_TEST_NO_SELF_FENCE": "1", "QUEEN_TEST_NO_HEARD_LEADER_RULE": "1"}
+
+
+def test_n3b_data_path_fence_holds_without_timing(tmp_path):
+    assert_clean(run_scenario(tmp_path, "N3b", cut_leader_from_etcd, env=N3B_ENV))
+
+
+@pytest.mark.parametrize("mode,nodes", [("strict", 3), ("degrade", 2)])
+def test_n4_leader_cut_from_standby(tmp_path, mode, nodes):
+    assert_clean(run_scenario(tmp_path, f"N4-{mode}", cut_leader_from_standby, nodes=nodes, sync_mode=mode),
+                 failover=False)
+
+
+def test_n6_second_failover_inside_the_first(tmp_path):
+    assert_clean(run_scenario(tmp_path, "N6", kill_new_leader_too))
+
+
+def test_n9_force_promote_reports_lost_writes(tmp_path):
+    outcome = run_scenario(tmp_path, "N9", force_promote_async, sync_mode="strict")
+    # Acknowledged writes the promoted node never saw are lost by the operator's choice: reported.
+    lost = outcome.found["C1"]
+    print(f"N9 lost acknowledged writes: {len(lost)} {lost[:5]}", file=sys.stderr)
+    assert all(v["kind"] in ("lost_write", "lost") for v in lost)
+    assert_clean(outcome, "C1", "C2", "C9")  # tokens never repeat (C4) even so
+
+
+def test_n10_paused_lock_holder_across_failover(tmp_path):
+    paused = {}
+
+    def nemesis(cluster, leader, workers):
+        holder = next(w for w in workers if w.kind == "W2")
+        # Pause it while it holds (it holds for hold_s before writing the store).
+        wait_until(lambda: any(e["type"] == "ok" and e.get("f") == "acquire" and e["result"]["results"][0]["acquired"]
+                               for e in read_log(holder.log_path)), 30, "a W2 holder acquired")
+        holder.pause()
+        paused["worker"] = holder.name
+        started = time.monotonic()
+        cluster.kill(leader)
+        cluster.wait_leader(other_than=leader)
+        time.sleep(max(0.0, started + 2 * LOCK_TTL_S - time.monotonic()))  # the pause is the fault
+        holder.resume()
+        cluster.start_node(leader)
+
+    outcome = run_scenario(tmp_path, "N10", nemesis, hold_s=1.5)
+    assert_clean(outcome)
+
+
+# -- negative controls: each bug must be seen by its check ----------------------------------------
+
+
+def kill_both_then_follower_leads(cluster: QueenCluster, leader: str, workers) -> None:
+    """Kill leader and follower at once; start the follower alone until it leads, then the old leader."""
+    follower = next(n for n in cluster.nodes if n != leader)
+    cluster.kill(leader)
+    cluster.kill(follower)
+    cluster.start_node(follower)
+    cluster.wait_leader()
+    cluster.start_node(leader)
+
+
+@pytest.mark.parametrize("flag,nemesis,nodes,sync_mode,env,check", [
+    ("QUEEN_TEST_FOLLOWER_ACK_BEFORE_FSYNC", kill_both_then_follower_leads, 2, "strict", {}, "C1"),
+    ("QUEEN_TEST_NO_EPOCH_CHECK", cut_leader_from_etcd, 3, None, N3B_ENV, "C3"),
+    ("QUEEN_TEST_NO_READ_BARRIER", cut_leader_from_etcd, 3, None, N3B_ENV, "C2"),
+    ("QUEEN_TEST_IGNORE_CEILING", force_promote_async, 3, "strict", {}, "C4"),
+    ("QUEEN_TEST_NO_LEASE_GRACE", kill_leader_restart_later, 3, None, {}, "C6"),
+])
+def test_negative_control_is_caught(tmp_path, flag, nemesis, nodes, sync_mode, env, check):
+    outcome = run_scenario(tmp_path, f"control-{flag}", nemesis, nodes=nodes, sync_mode=sync_mode,
+                           env={**env, flag: "1"}, hold_s=0.5)
+    assert outcome.found[check], f"{flag}: {check} saw nothing (the control was not caught)"
+
+
+def test_zz_report_failover_times():
+    """Print C8 for every scenario run (a measurement; asserted only with a generous bound)."""
+    for result in RESULTS:
+        print(f"C8 {result['name']}: failover {result['failover_ms']} ms (goal {FAILOVER_GOAL_MS:.0f}), "
+              f"{result['ok_calls']} ok calls, violations {result['violations']}", file=sys.stderr)
