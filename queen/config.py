@@ -122,7 +122,8 @@ def cluster_problems(config: Config) -> list[str]:
     if not config.cluster:
         given = [name for name in CLUSTER_FIELDS if getattr(config, name)]
         if given:
-            return [f"--{given[0].replace('_', '-')} is for a cluster node: give --cluster NAME too"]
+            flag = "node" if given[0] == "node_id" else given[0].replace("_", "-")
+            return [f"--{flag} is for a cluster node: give --cluster NAME too"]
         return []
     problems = []
     if not _NAME.fullmatch(config.cluster):
