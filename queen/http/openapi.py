@@ -474,6 +474,7 @@ _REASONS = {400: "Bad request: the call is malformed or breaks a limit; nothing 
             401: "No token, or one that is not valid",
             403: "The token's role may not make this call",
             404: "Not found",
+            409: "Not possible now (a cluster change): the message says why",
             408: "The request did not arrive in time",
             413: "The request body is over the limit",
             429: "The tenant's rate or quota is spent (Retry-After)",
