@@ -130,12 +130,15 @@ class Node:
         self.scope = trio.CancelScope()
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED):
-        with self.scope:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self.coordinator.run)
-                nursery.start_soon(self.replicator.write_forever)
-                task_status.started()
-        await self.etcd.aclose()
+        try:
+            with self.scope:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(self.coordinator.run)
+                    nursery.start_soon(self.replicator.write_forever)
+                    task_status.started()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.etcd.aclose()
 
     def kill(self):
         """The process dies: its replicator stops answering, its coordinator stops."""
