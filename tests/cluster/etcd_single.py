@@ -21,10 +21,15 @@ ETCD = os.environ.get("QUEEN_TEST_ETCD", "/usr/bin/etcd")
 SKIP_MESSAGE = "SKIPPED LOUDLY: etcd not installed (apt-get install etcd-server)"
 
 
+_said = []
+
+
 def require_etcd() -> str:
     path = ETCD if os.path.exists(ETCD) else shutil.which("etcd")
     if not path:
-        print(SKIP_MESSAGE, file=sys.stderr)
+        if not _said:  # one loud line for the run, however many tests skip
+            _said.append(True)
+            print(SKIP_MESSAGE, file=sys.stderr)
         pytest.skip(SKIP_MESSAGE)
     return path
 
