@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from queen.core.limits import Limits
 
@@ -53,6 +55,20 @@ class Config:
                           "may read, write and delete everything")
     tls_cert: str = _opt("", "serve HTTPS with this certificate chain (PEM); re-read on SIGHUP", "FILE")
     tls_key: str = _opt("", "the private key (PEM) of --tls-cert", "FILE")
+    # High availability (README "High availability"): without --cluster none of these is used.
+    cluster: str = _opt("", "run as a node of this cluster: a leader chosen through etcd, its log replicated to the "
+                        "other nodes; without it the server runs alone, as always", "NAME")
+    node_id: str = _opt("", "this node's name in the cluster, unique and stable across restarts (--node)", "ID")
+    etcd: str = _opt("", "etcd client URLs, comma-separated (http://host:2379,...)", "URLS")
+    advertise: str = _opt("", "the URL clients reach this node at; other nodes redirect clients to it", "URL")
+    replication_listen: str = _opt("", "address followers connect to for the log (HOST:PORT)", "HOST:PORT")
+    leader_ttl_s: float = _opt(5.0, "the leader's etcd lease (--leader-ttl): a dead leader is replaced after about "
+                               "this long; shorter fails over faster but costs more keepalives", "SECONDS")
+    sync_mode: str = _opt("strict", "when a synchronous follower fails: strict stalls writes until it returns or a "
+                          "caught-up follower takes its place (3 nodes); degrade goes on with the leader's copy alone "
+                          "(2 nodes)", "MODE")
+    lease_grace_s: float = _opt(0.0, "after a failover, live locks and queue leases last at least this long on the new "
+                                "leader (--lease-grace); 0: the leader ttl", "SECONDS")
 
     def replace(self, **changes) -> Config:
         return dataclasses.replace(self, **changes)
@@ -94,7 +110,54 @@ def validate(config: Config) -> list[str]:
         problems.append(f"refusing to listen on {config.host} without --auth-file: anyone who reaches the port could "
                         "read, write and delete everything; give --auth-file FILE (see `queen auth add`), or "
                         "--insecure to run open anyway")
+    problems += cluster_problems(config)
     return problems
+
+
+CLUSTER_FIELDS = ("node_id", "etcd", "advertise", "replication_listen")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def cluster_problems(config: Config) -> list[str]:
+    if not config.cluster:
+        given = [name for name in CLUSTER_FIELDS if getattr(config, name)]
+        if given:
+            flag = "node" if given[0] == "node_id" else given[0].replace("_", "-")
+            return [f"--{flag} is for a cluster node: give --cluster NAME too"]
+        return []
+    problems = []
+    if not _NAME.fullmatch(config.cluster):
+        problems.append(f"cluster name {config.cluster!r}: 1 to 64 letters, digits, '_', '.', '-'")
+    for name in CLUSTER_FIELDS:
+        if not getattr(config, name):
+            problems.append(f"--cluster needs --{'node' if name == 'node_id' else name.replace('_', '-')} too")
+    if config.node_id and not _NAME.fullmatch(config.node_id):
+        problems.append(f"node id {config.node_id!r}: 1 to 64 letters, digits, '_', '.', '-'")
+    for url in filter(None, config.etcd.split(",")):
+        parts = urlsplit(url.strip())
+        if parts.scheme != "http" or not parts.hostname:
+            problems.append(f"etcd URL {url!r}: give http://host:port")
+    if config.advertise:
+        parts = urlsplit(config.advertise)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+            problems.append(f"advertise URL {config.advertise!r}: give http(s)://host:port, no path")
+    if config.replication_listen and host_port(config.replication_listen) is None:
+        problems.append(f"replication listen address {config.replication_listen!r}: give HOST:PORT")
+    if not 1 <= config.leader_ttl_s <= 600:
+        problems.append("leader ttl must be between 1 and 600 seconds (etcd leases count whole seconds)")
+    if config.sync_mode not in ("strict", "degrade"):
+        problems.append(f"sync mode {config.sync_mode!r} is not one of strict, degrade")
+    if config.lease_grace_s < 0:
+        problems.append("lease grace must not be negative")
+    return problems
+
+
+def host_port(text: str) -> tuple[str, int] | None:
+    """("host", port) of HOST:PORT (an IPv6 host in brackets), or None."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        return None
+    return host.strip("[]"), int(port)
 
 
 def is_loopback(host: str) -> bool:

@@ -8,6 +8,7 @@
   lock.py     `queen lock ...` and `queen run-locked`
   queue.py    `queen queue ...`
   timer.py    `queen timer ...`
+  cluster.py  `queen cluster status|switchover|force-promote`: a cluster's nodes, over HTTP
   output.py   what client commands share: exit statuses, options, printing, running a handler
 
 Client commands use the SDK's public API only, and import it when they run, so `queen serve`
@@ -20,7 +21,7 @@ import argparse
 import sys
 
 from queen import __version__
-from queen.cli import auth, backup, check, kv, lock, output, queue, serve, timer
+from queen.cli import auth, backup, check, cluster, kv, lock, output, queue, serve, timer
 from queen.cli.serve import resolve_config
 
 __all__ = ["build_parser", "main", "resolve_config"]
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     auth.add_parser(commands)
     check.add_parser(commands)
     backup.add_parser(commands)
+    cluster.add_parser(commands)
     parents = output.parents()
     for family in (kv, lock, queue, timer):
         family.add_parser(commands, parents)

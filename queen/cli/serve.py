@@ -39,6 +39,10 @@ Each refusal is one log line, event=start_failed reason=..., naming what to look
 """
 
 
+# The cluster flags' short spellings, beside the names derived from their fields.
+FLAG_ALIASES = {"node_id": ("--node",), "leader_ttl_s": ("--leader-ttl",), "lease_grace_s": ("--lease-grace",)}
+
+
 def env_name(field_name: str) -> str:
     return "QUEEN_" + field_name.upper()
 
@@ -56,7 +60,8 @@ def add_parser(commands) -> None:
             serve.add_argument("--" + name.replace("_", "-"), dest=name, default=None, action="store_const",
                                const=True, help=f"{help_text} [env {env_name(name)}=1]")
             continue
-        serve.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar=metavar,
+        serve.add_argument("--" + name.replace("_", "-"), *FLAG_ALIASES.get(name, ()), dest=name, default=None,
+                           metavar=metavar,
                            type={"int": int, "float": float}.get(kind, str),
                            help=f"{help_text} [env {env_name(name)}] (default: {default if default != '' else 'none'})")
     serve.set_defaults(run=lambda args: serve_broker(resolve_config(args)))

@@ -536,6 +536,16 @@ class HttpServer:
             await send_all(body[start:start + SEND_PIECE_BYTES])
 
     async def _handle(self, request: Request) -> Response:
+        response = await self._answer(request)
+        cluster = getattr(self.app, "cluster", None)
+        if cluster is not None:
+            # Every answer of a cluster node says which epoch it speaks for. A new Response: the
+            # dashboard's are shared between requests.
+            response = Response(response.status, response.body, response.content_type,
+                                [*(response.headers or ()), (b"x-queen-epoch", b"%d" % cluster.epoch)])
+        return response
+
+    async def _answer(self, request: Request) -> Response:
         wants_cbor = request.accept.startswith(b"application/cbor")
         try:
             return await self.app.handle(request)

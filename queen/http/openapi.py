@@ -239,6 +239,24 @@ def _schemas(limits: Limits) -> dict:
                            startedAt=_int(0), uptimeSeconds={"type": "number", "minimum": 0}, dataDir=_STR,
                            log={"type": "object"}, fsync={"type": "object"}, connections={"type": "object"},
                            requestsTotal=_int(0)),
+        "ClusterStatus": _obj(("cluster", "node", "role", "epoch", "leader", "sync", "degraded", "lastVersion",
+                               "followers"), closed=False, cluster=_NULLABLE_STR, node=_NULLABLE_STR,
+                              role={"enum": ["single", "starting", "follower", "candidate", "promoting", "leader",
+                                             "fenced"]},
+                              epoch=_int(0), leader={"type": ["object", "null"]}, sync={"type": "array",
+                                                                                         "items": _STR},
+                              degraded=_BOOL, lastVersion=_int(0), followers={"type": "array", "items": _obj(
+                                  ("node", "connected", "ackedVersion", "lagVersions"), closed=False, node=_STR,
+                                  connected=_BOOL, ackedVersion=_int(0), lagVersions=_int())}),
+        "Switchover": _obj(to={"type": "string", "minLength": 1, "description": "the node to hand over to; "
+                                                                               "default: the most caught-up follower"}),
+        "Switched": _obj(("from", "to", "epoch", "lastVersion"), closed=False, epoch=_int(0), lastVersion=_int(0),
+                         **{"from": _STR, "to": _STR}),
+        "ForcePromote": _obj(("node",), node={"type": "string", "minLength": 1}),
+        "ForcePromoted": _obj(("node", "syncEpoch", "oldLeader", "nodeLastVersion", "oldLeaderLastVersion",
+                               "mayBeLost"), closed=False, node=_STR, syncEpoch=_int(0), oldLeader=_NULLABLE_STR,
+                              nodeLastVersion=_NULLABLE_INT, oldLeaderLastVersion=_NULLABLE_INT,
+                              mayBeLost=_NULLABLE_INT),
     }
 
 
@@ -417,6 +435,21 @@ def _operations(limits: Limits) -> list[Operation]:
                   body="Pause", body_required=False, statuses=(403, 404, 503, 507)),
         Operation("GET", "/api/v1/server", "/api/v1/server", "reader", "Version and uptime; for the operator "
                   "also the log's size, fsync latency and connections", "ServerInfo"),
+        # High availability
+        Operation("GET", "/api/v1/cluster", "/api/v1/cluster", "reader", "This node's view of its cluster: role, "
+                  "epoch, leader, sync set, followers' lag (role single without --cluster)", "ClusterStatus",
+                  description="Answered by every node itself, leader or not."),
+        Operation("POST", "/api/v1/cluster/switchover", "/api/v1/cluster/switchover", "operator",
+                  "Hand leadership to a caught-up follower (planned; about a second)", "Switched",
+                  body="Switchover", body_required=False, statuses=(403, 409),
+                  description="A follower redirects it to the leader (307). 409: not a cluster, or no "
+                              "follower can take over now."),
+        Operation("POST", "/api/v1/cluster/force-promote", "/api/v1/cluster/force-promote", "operator",
+                  "Make a node leader though no sync member is left: possibly lossy", "ForcePromoted",
+                  body="ForcePromote", statuses=(403, 409),
+                  description="Acknowledged writes the node never received are lost; the answer reports the "
+                              "node's last version against the last one the old leader announced. Stop or "
+                              "isolate the old leader first. Answered by any node."),
         Operation("GET", "/api/v1/admin/snapshot", "/api/v1/admin/snapshot", "operator",
                   "The whole state at one log version, as a backup file (queen backup)", None, statuses=(403,),
                   media="application/octet-stream",
@@ -441,6 +474,7 @@ _REASONS = {400: "Bad request: the call is malformed or breaks a limit; nothing 
             401: "No token, or one that is not valid",
             403: "The token's role may not make this call",
             404: "Not found",
+            409: "Not possible now (a cluster change): the message says why",
             408: "The request did not arrive in time",
             413: "The request body is over the limit",
             429: "The tenant's rate or quota is spent (Retry-After)",

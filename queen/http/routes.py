@@ -47,7 +47,7 @@ from queen.core.queue_ops import (
     whole_number,
 )
 from queen.core.timer_ops import parse_timer_ops
-from queen.errors import BadRequest, QueenError
+from queen.errors import BadRequest, QueenError, Unavailable
 from queen.histogram import RequestSeries
 from queen.http import queen_mq
 from queen.http.codec import CBOR, decode_body, encode_body
@@ -55,6 +55,10 @@ from queen.http.dashboard import load_assets
 from queen.http.openapi import build_document
 from queen.http.tenancy import AREAS, KV, QUEUES, Tenancy, audit
 from queen.http.wire import Request, Response
+
+# What every cluster node answers itself, leader or not (health and the dashboard's files too).
+ANSWERED_BY_ANY_NODE = frozenset(("/metrics", "/api/v1/server", "/api/v1/cluster", "/api/v1/cluster/force-promote",
+                                  "/api/v1/openapi.json"))
 
 
 class NotFound(QueenError):
@@ -84,6 +88,9 @@ class Api:
         self.tenancy = tenancy if tenancy is not None else Tenancy(router)
         self.gate = Authenticator(None)  # replaced whole when the auth file is read again
         self.openapi = build_document(__version__, limits)  # GET /api/v1/openapi.json: static
+        # A cluster node's coordinator (queen/cluster/coordinator.py), or None alone. A node that is
+        # not the serving leader answers client routes with the way to the leader.
+        self.cluster = None
         # Exact paths first (the hot ones are looked up in one dict), then patterns in order.
         # Each handler with the least a caller's role must have (queen/auth.py); a route whose
         # body may hold reads or writes (a KV batch, locks, timers, a transaction) asks for more
@@ -106,6 +113,9 @@ class Api:
             "/api/v1/pause": {b"POST": (self._pause, ADMIN)},
             "/api/v1/resume": {b"POST": (self._pause, ADMIN)},
             "/api/v1/server": {b"GET": (self._server, READ)},
+            "/api/v1/cluster": {b"GET": (self._cluster_status, READ)},
+            "/api/v1/cluster/switchover": {b"POST": (self._switchover, SERVER)},
+            "/api/v1/cluster/force-promote": {b"POST": (self._force_promote, SERVER)},
             "/metrics": {b"GET": (self._metrics, READ)},
             "/api/v1/openapi.json": {b"GET": (self._openapi, READ)},
         }
@@ -184,6 +194,9 @@ class Api:
         handler, level, request.route = entry
         if principal.level < level:
             raise Forbidden(principal, level)
+        cluster = self.cluster
+        if cluster is not None and not cluster.serving and path not in ANSWERED_BY_ANY_NODE:
+            return self._to_leader(request, cluster)
         document = await handler(request, parts, query)
         if type(document) is Response:  # /metrics: text, not a document
             return document
@@ -568,6 +581,72 @@ class Api:
         if self.server_info is None:
             return {"version": __version__}
         return await self.server_info(request.principal.operator)
+
+    # -- high availability ---------------------------------------------------------------------------
+
+    def _to_leader(self, request: Request, cluster) -> Response:
+        """A node that is not the serving leader: 307 to the leader (same path and query; the
+        method and body are kept by the client), or 503 while there is none to send it to."""
+        advertise = cluster.leader_advertise
+        if advertise:
+            error = QueenError("not_leader", f"this node does not lead; the leader is at {advertise}",
+                               {"leader": advertise, "epoch": cluster.epoch})
+            body, content_type = encode_body(error.to_wire(), request.accept.startswith(b"application/cbor"))
+            location = advertise.rstrip("/").encode() + request.target
+            return Response(307, body, content_type, [(b"location", location)])
+        if cluster.role in ("fenced", "promoting", "candidate"):
+            raise Unavailable("not_leader", f"this node is {cluster.role}: not serving; try again shortly",
+                              {"role": cluster.role, "epoch": cluster.epoch})
+        raise Unavailable("no_leader", "the cluster has no leader right now (an election); try again shortly",
+                          {"role": cluster.role, "epoch": cluster.epoch})
+
+    async def _cluster_status(self, request: Request, parts, query):
+        check_params(_query(query), frozenset())
+        if self.cluster is None:
+            return {"cluster": None, "node": None, "role": "single", "epoch": 0, "leader": None, "sync": [],
+                    "degraded": False, "lastVersion": self.router.writer.durable_version, "followers": []}
+        return self.cluster.status()
+
+    def _cluster_call(self, request: Request, fields: frozenset, needs: str | None) -> dict:
+        document = decode_body(request.body, request.content_type) if request.body else {}
+        if type(document) is not dict:
+            raise BadRequest("invalid_body", "the body must be an object")
+        check_fields(document, fields, None, "body")
+        for name in fields:
+            value = document.get(name)
+            if (value is None and name == needs) or (value is not None and (type(value) is not str or not value)):
+                raise BadRequest("invalid_body", f"{name} must be a node's id")
+        if self.cluster is None:
+            raise QueenError("not_clustered", "this server runs alone (no --cluster)", http_status=409)
+        return document
+
+    async def _switchover(self, request: Request, parts, query):
+        check_params(_query(query), frozenset())
+        document = self._cluster_call(request, frozenset(("to",)), None)
+        from queen.cluster.coordinator import NotPossible
+
+        try:
+            report = await self.cluster.switchover(document.get("to"))
+        except NotPossible as refused:
+            raise QueenError("switchover_refused", str(refused), http_status=409) from None
+        audit(request.principal, "cluster_switchover", to=report["to"], epoch=report["epoch"])
+        return report
+
+    async def _force_promote(self, request: Request, parts, query):
+        check_params(_query(query), frozenset())
+        document = self._cluster_call(request, frozenset(("node",)), "node")
+        from queen.cluster.coordinator import NotPossible
+        from queen.cluster.etcd import EtcdError, EtcdUnavailable
+
+        try:
+            report = await self.cluster.force_promote(document["node"])
+        except NotPossible as refused:
+            raise QueenError("force_promote_refused", str(refused), http_status=409) from None
+        except (EtcdUnavailable, EtcdError) as error:
+            raise Unavailable("etcd_unavailable", f"etcd did not take the change: {error}") from None
+        audit(request.principal, "cluster_force_promote", node=report["node"], old_leader=report["oldLeader"],
+              may_be_lost=report["mayBeLost"])
+        return report
 
     # -- tenants -------------------------------------------------------------------------------------
 

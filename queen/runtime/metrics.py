@@ -258,3 +258,27 @@ def _tenant_metrics(metric, usage, refused, paused) -> None:
 def _label(value: str) -> str:
     """A Prometheus label value: backslash, quote and newline escaped."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+CLUSTER_ROLES = ("starting", "follower", "candidate", "promoting", "leader", "fenced")
+
+
+def render_cluster(status: dict) -> str:
+    """A cluster node's series (queen/cluster/coordinator.py's status document): its role, the
+    epoch it leads or follows, and (on the leader) each follower's lag."""
+    node = _label(status["node"])
+    out = ["# HELP queen_cluster_role 1 for the role this node has now (leader, follower, ...)\n"
+           "# TYPE queen_cluster_role gauge\n"]
+    out.extend(f'queen_cluster_role{{node="{node}",role="{role}"}} {int(status["role"] == role)}\n'
+               for role in CLUSTER_ROLES)
+    out.append("# HELP queen_cluster_epoch the epoch this node leads or follows (0: none yet)\n"
+               f"# TYPE queen_cluster_epoch gauge\nqueen_cluster_epoch{{node=\"{node}\"}} {status['epoch']}\n")
+    out.append("# HELP queen_cluster_follower_lag_versions versions the leader has that a follower has not acked\n"
+               "# TYPE queen_cluster_follower_lag_versions gauge\n")
+    out.extend(f'queen_cluster_follower_lag_versions{{follower="{_label(f["node"])}"}} {f["lagVersions"]}\n'
+               for f in status["followers"])
+    out.append("# HELP queen_cluster_follower_connected 1 while the follower's replication stream is up\n"
+               "# TYPE queen_cluster_follower_connected gauge\n")
+    out.extend(f'queen_cluster_follower_connected{{follower="{_label(f["node"])}"}} {int(f["connected"])}\n'
+               for f in status["followers"])
+    return "".join(out)

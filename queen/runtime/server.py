@@ -63,6 +63,7 @@ class Server:
         self.state: State | None = None
         self.writer: WalWriter | None = None
         self.http: HttpServer | None = None
+        self.coordinator = None  # a cluster node's (queen/cluster/coordinator.py); None alone
         self._stop = trio.Event()
         self._lock_fd: int | None = None
         self._reloads: trio.MemorySendChannel | None = None
@@ -186,6 +187,11 @@ class Server:
                                       connections_allowed=connection_budget(config.connections_max),
                                       tls_context=tls_context)
 
+        replicator = None
+        if config.cluster:  # only a cluster node loads the cluster modules
+            replicator, self.coordinator = self._cluster_node(state, writer, steps, clock,
+                                                              self.run_blocking or disk_thread.run_sync)
+            api.cluster = self.coordinator
         writer_done = trio.Event()
 
         async def run_writer(task_status=trio.TASK_STATUS_IGNORED):
@@ -197,6 +203,9 @@ class Server:
         async with trio.open_nursery() as core:
             await core.start(run_writer)
             core.start_soon(tick_forever, steps, TICK_MS)
+            if replicator is not None:
+                await core.start(replicator.serve)
+                core.start_soon(self.coordinator.run)  # answers 503 no_leader until it knows the leader
             await self._apply_auth(auth_file, api)  # pauses are read from the log: after recovery
             self._reloads = send_reload
             core.start_soon(self._reload_forever, receive_reload, api)
@@ -223,6 +232,9 @@ class Server:
                     with trio.move_on_after(config.shutdown_grace_s):
                         await http.wait_no_requests()
                     connections.cancel_scope.cancel()
+                if self.coordinator is not None:
+                    with trio.move_on_after(2):
+                        await self.coordinator.resign()  # the others need not wait for the lease
             finally:
                 close_all(listeners)  # a cancelled run (a crash under test) closes them too
             writer.close()
@@ -231,6 +243,23 @@ class Server:
         if disk_thread is not None:
             disk_thread.close()
         logger.info("event=shutdown_complete durable_version=%d", writer.durable_version)
+
+    def _cluster_node(self, state, writer, steps, clock, run_blocking):
+        from queen.cluster.coordinator import Coordinator, Settings
+        from queen.cluster.etcd import EtcdClient
+        from queen.cluster.replication import Replicator
+        from queen.config import host_port
+
+        config = self.config
+        replicator = Replicator(node_id=config.node_id, data_dir=config.data_dir,
+                                listen=host_port(config.replication_listen), state=state, writer=writer, steps=steps,
+                                clock=clock, disk=self.disk, run_blocking=run_blocking)
+        settings = Settings(config.cluster, config.node_id, config.advertise.rstrip("/"), config.replication_listen,
+                            leader_ttl_s=config.leader_ttl_s, sync_mode=config.sync_mode,
+                            lease_grace_s=config.lease_grace_s)
+        etcd = EtcdClient([url.strip() for url in config.etcd.split(",") if url.strip()],
+                          timeout_s=min(1.0, config.leader_ttl_s / 4))
+        return replicator, Coordinator(settings, etcd, replicator, writer)
 
     def _notify_ready(self) -> None:
         if not self._stop.is_set():  # once stopping, the manager is told nothing else
@@ -267,6 +296,12 @@ class Server:
 
     def metrics_text(self, tenant: str | None = None) -> str:
         """Every series, or (tenant) only that tenant's."""
+        text = self._metrics_text(tenant)
+        if self.coordinator is not None and tenant is None:
+            text += metrics.render_cluster(self.coordinator.status())
+        return text
+
+    def _metrics_text(self, tenant: str | None) -> str:
         now_ms = self.router.now_ms()
         shards = self.state.shards
         tenancy = self.http.app.tenancy
