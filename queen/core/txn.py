@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from queen.core.kv import KvOp, KvState, parse_kv_ops
 from queen.core.limits import Limits
 from queen.core.outcomes import QueueReason, TxnReason
-from queen.core.queue_ops import AckItem, PushItem, parse_acks, parse_push
+from queen.core.queue_ops import AckItem, PopOp, PushItem, parse_acks, parse_push
 from queen.core.queues import Growth
 from queen.core.tenants import shown
 from queen.core.timer_ops import TimerOp, parse_timer_ops
@@ -49,7 +49,7 @@ class TransactionOps:
         self.prefix = ""  # the tenant's name prefix (queen/core/tenants.py): leases of others are lost to it
         # A pop (`next`) made in the same step once the transaction committed, on the state it left;
         # none when it was refused. Answered at position 1 of the step's reply_to.
-        self.next = None
+        self.next: PopOp | None = None
 
     def writes(self) -> bool:
         return bool(self.ack or self.push or self.timers) or any(op.op not in _READ_ONLY for op in self.kv)

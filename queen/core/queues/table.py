@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from pyroaring import BitMap, BitMap64
 
@@ -839,7 +840,7 @@ class QueueTable(Delivery):
     # ------------------------------------------------------------------------------------------
     # DLQ, deletion.
 
-    def requeue(self, name: str, group: str, items: list, now_ms: int, records: list) -> dict:
+    def requeue(self, name: str, group: str, items: Iterable[tuple[int, int]], now_ms: int, records: list) -> dict:
         queue = self.queues.get(name)
         results = []
         for index, (partition_id, offset) in enumerate(items):
