@@ -1,5 +1,6 @@
 """`python -m bench.inproc`: the core's parse+apply in one process, no server, no disk: microseconds
-per operation for KV puts and gets and lock acquire+release, and the HTTP request parser per request.
+per operation for KV puts and gets, lock acquire+release, queue push, pop+ack and transaction steps
+(through State.apply), and the HTTP request parser per request.
 Prints whether the compiled core is loaded (queen/_native.py; QUEEN_PURE=1 forces the .py files). Best of --repeat runs, so a loaded host
 inflates figures less; for A/B on a shared machine prefer callgrind's instruction counts:
 
