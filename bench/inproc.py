@@ -1,5 +1,6 @@
 """`python -m bench.inproc`: the core's parse+apply in one process, no server, no disk: microseconds
-per operation for KV puts and gets and lock acquire+release, and the HTTP request parser per request.
+per operation for KV puts and gets, lock acquire+release, queue push, pop+ack and transaction steps
+(through State.apply), and the HTTP request parser per request.
 Prints whether the compiled core is loaded (queen/_native.py; QUEEN_PURE=1 forces the .py files). Best of --repeat runs, so a loaded host
 inflates figures less; for A/B on a shared machine prefer callgrind's instruction counts:
 
@@ -9,6 +10,8 @@ inflates figures less; for A/B on a shared machine prefer callgrind's instructio
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import time
 
 import orjson
@@ -18,6 +21,13 @@ from queen.core.limits import Limits
 
 T0 = 1_700_000_000_000
 LIMITS = Limits()
+CALLGRIND = False  # --callgrind: zero callgrind's counters where a driver's timing starts, dump where it ends
+
+
+def _mark(command: str) -> float:
+    if CALLGRIND:
+        subprocess.run(["callgrind_control", command, str(os.getpid())], check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter()
 
 
 def kv_put(steps: int, ops: int) -> float:
@@ -26,14 +36,14 @@ def kv_put(steps: int, ops: int) -> float:
     bodies = [orjson.dumps({"operations": [{"op": "put", "ns": "bench", "key": f"k{(s * ops + i) % 10000}",
                                             "value": {"n": i}, "ttlSeconds": 60} for i in range(ops)]})
               for s in range(steps)]
-    start = time.perf_counter()
+    start = _mark("-z")
     records: list = []
     for step, body in enumerate(bodies):
         now = T0 + step
         for op in parse_kv_ops(orjson.loads(body)["operations"], LIMITS):
             state.apply(op, now, records)
         records.clear()
-    return time.perf_counter() - start
+    return _mark("-d") - start
 
 
 def kv_get(steps: int, ops: int) -> float:
@@ -46,12 +56,12 @@ def kv_get(steps: int, ops: int) -> float:
     bodies = [orjson.dumps({"operations": [{"op": "get", "ns": "bench", "key": f"k{(s * ops + i) % 10000}"}
                                            for i in range(ops)]})
               for s in range(steps)]
-    start = time.perf_counter()
+    start = _mark("-z")
     for step, body in enumerate(bodies):
         now = T0 + step
         for op in parse_kv_ops(orjson.loads(body)["operations"], LIMITS):
             state.apply(op, now, records)
-    return time.perf_counter() - start
+    return _mark("-d") - start
 
 
 def lock_cycle(steps: int, ops: int) -> float:
@@ -59,7 +69,7 @@ def lock_cycle(steps: int, ops: int) -> float:
     from queen.core.locks import LockTable, parse_lock_ops
     locks = LockTable(KvState(VersionCounter(), T0), T0)
     acquires = [{"op": "acquire", "name": f"l{i}", "ttlSeconds": 30, "owner": "w"} for i in range(ops)]
-    start = time.perf_counter()
+    start = _mark("-z")
     records: list = []
     for step in range(steps):
         now = T0 + step
@@ -68,7 +78,7 @@ def lock_cycle(steps: int, ops: int) -> float:
         for op in parse_lock_ops(releases, LIMITS):
             locks.apply(op, now, records)
         records.clear()
-    return time.perf_counter() - start
+    return _mark("-d") - start
 
 
 def http_parse(steps: int, ops: int) -> float:
@@ -79,13 +89,114 @@ def http_parse(steps: int, ops: int) -> float:
     body = b'{"operations":[{"op":"get","ns":"a","key":"b"}]}'
     data = (b"POST /api/v1/kv HTTP/1.1\r\nHost: 127.0.0.1:6632\r\nContent-Type: application/json\r\n"
             b"Accept: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    start = time.perf_counter()
+    start = _mark("-z")
     for _ in range(steps * ops):
         parse_simple_request(data, config)
-    return time.perf_counter() - start
+    return _mark("-d") - start
 
 
-DRIVERS = {"kv-put": kv_put, "kv-get": kv_get, "lock-cycle": lock_cycle, "http-parse": http_parse}
+# -- queues and transactions: through State.apply, as the shard actors and the router call it -------
+
+QUEUE = "bq"
+NEXT_QUEUE = "bq-next"
+PARTITIONS = 64
+PAYLOAD = {"v": "v" * 32}
+
+
+def _queue_state(preload: int):
+    """A 4-shard State (the default) with QUEUE configured as the bench's runs make it, holding
+    `preload` messages spread over its partitions, and NEXT_QUEUE."""
+    from queen.core.queue_ops import Configure, Push, parse_push
+    from queen.core.state import Ops, State
+    state = State(4, T0)
+    for queue in (QUEUE, NEXT_QUEUE):
+        _ops(state, queue, Configure(queue, {"leaseTimeSeconds": 300, "maxSize": 100_000_000}), T0)
+    limits = Limits(ops_per_call_max=1000)
+    for start in range(0, preload, 1000):
+        items = [{"queue": QUEUE, "partition": f"p{m % PARTITIONS:02d}", "payload": PAYLOAD, "transactionId": f"pre-{m}"}
+                 for m in range(start, min(start + 1000, preload))]
+        _ops(state, QUEUE, Push(parse_push({"items": items}, limits)), T0)
+    return state, Ops
+
+
+def _ops(state, queue: str, op, now: int):
+    from queen.core.placement import shard_of_queue
+    from queen.core.state import Ops
+    applied = state.apply(Ops(shard_of_queue(queue, state.shard_count), [(None, 0, op)]), now)
+    return applied.answers[0][2]
+
+
+def _answer(result) -> dict:
+    """The answer as its client reads it: encoded by the server, decoded by the client."""
+    from queen.core.values import json_default
+    return orjson.loads(orjson.dumps(result, default=json_default))
+
+
+def queue_push(steps: int, ops: int) -> float:
+    """Seconds for `steps` push requests of `ops` items, each with its own producer id, spread over
+    the partitions (bench.queue_sessions.QueenPush): body decode + parse + apply + answer encode."""
+    from queen.core.queue_ops import Push, parse_push
+    state, _ = _queue_state(0)
+    bodies = [orjson.dumps({"items": [{"queue": QUEUE, "partition": f"p{(s * ops + i) % PARTITIONS:02d}",
+                                       "payload": PAYLOAD, "transactionId": f"t-{s}-{i}"} for i in range(ops)]})
+              for s in range(steps)]
+    start = _mark("-z")
+    for step, body in enumerate(bodies):
+        _answer(_ops(state, QUEUE, Push(parse_push(orjson.loads(body), LIMITS)), T0 + step))
+    return _mark("-d") - start
+
+
+def _pop(state, ops: int, now: int) -> dict:
+    from queen.core.queue_ops import parse_pop
+    doc = _answer(_ops(state, QUEUE, parse_pop(QUEUE, None, {"batch": str(ops)}, LIMITS), now))
+    assert doc["success"], doc
+    return doc
+
+
+def queue_cycle(steps: int, ops: int) -> float:
+    """Seconds for `steps` cycles of a pop of up to `ops` messages and the batch ack of all of them
+    (bench.queue_sessions.QueenCycle)."""
+    from queen.core.queue_ops import Acks, parse_acks
+    state, _ = _queue_state(steps * ops + PARTITIONS)
+    start = _mark("-z")
+    for step in range(steps):
+        now = T0 + step
+        doc = _pop(state, ops, now)
+        body = orjson.dumps({"acknowledgments": [
+            {"partitionId": doc["partitionId"], "leaseId": doc["leaseId"], "offset": m["offset"], "status": "completed"}
+            for m in doc["messages"]]})
+        answers = _answer(_ops(state, QUEUE, Acks(parse_acks(orjson.loads(body), LIMITS)), now))
+        assert all(a["success"] for a in answers), answers
+    return _mark("-d") - start
+
+
+def txn_step(steps: int, ops: int) -> float:
+    """Seconds for `steps` workflow steps (bench.queue_sessions.QueenTxnStep): a pop of up to `ops`
+    messages, then one transaction that acks them, pushes each one's successor to NEXT_QUEUE and
+    upserts one KV row per message."""
+    from queen.core.state import Transaction
+    from queen.core.txn import parse_transaction
+    state, _ = _queue_state(steps * ops + PARTITIONS)
+    start = _mark("-z")
+    for step in range(steps):
+        now = T0 + step
+        doc = _pop(state, ops, now)
+        messages = doc["messages"]
+        body = orjson.dumps({
+            "ack": [{"partitionId": doc["partitionId"], "leaseId": doc["leaseId"], "transactionId": m["transactionId"]}
+                    for m in messages],
+            "push": [{"queue": NEXT_QUEUE, "partition": m["partition"], "transactionId": f"{m['transactionId']}-next",
+                      "payload": {"step": 2, "from": m["transactionId"]}} for m in messages],
+            "kv": [{"op": "put", "ns": "orders", "key": f"k{(step * ops + i) % 10000}",
+                    "value": {"step": 2, "from": m["transactionId"]}, "forever": True} for i, m in enumerate(messages)]})
+        txn = parse_transaction(orjson.loads(body), LIMITS, now)
+        answer = _answer(state.apply(Transaction(txn, None), now).answers[0][2])
+        assert answer["success"], answer
+    return _mark("-d") - start
+
+
+DRIVERS = {"kv-put": kv_put, "kv-get": kv_get, "lock-cycle": lock_cycle, "http-parse": http_parse,
+           "queue-push": queue_push, "queue-cycle": queue_cycle, "txn-step": txn_step}
 
 
 def main(argv=None) -> None:
@@ -94,7 +205,12 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--ops", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--callgrind", action="store_true",
+                        help="running under callgrind: zero the counters before each driver's measured part and dump "
+                             "them after it (one dump per driver and repeat, in order)")
     args = parser.parse_args(argv)
+    global CALLGRIND
+    CALLGRIND = args.callgrind
     import queen.core.kv
     from queen import _native
     print(f"compiled={str(_native.COMPILED).lower()} ({_native.WHY}); queen.core.kv from {queen.core.kv.__file__}")

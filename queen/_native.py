@@ -31,6 +31,13 @@ MODULES = (
     "queen.core.wheel",
     "queen.core.packing",
     "queen.http.wire",
+    "queen.core.queue_ops",
+    "queen.core.txn",
+    "queen.core.queues.model",
+    "queen.core.queues.packed",
+    "queen.core.queues.parking",
+    "queen.core.queues.delivery",
+    "queen.core.queues.table",
 )
 BUILD_FILE = "_native_build.json"
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -124,7 +124,7 @@ def parse_configure(document, limits: Limits) -> tuple[str, dict]:
         if low is None:
             if type(value) is not bool:
                 raise BadRequest("invalid_option", f"{option} must be true or false", {"option": option})
-        elif type(value) is not int or not low <= value <= high:
+        elif type(value) is not int or high is None or not low <= value <= high:
             raise BadRequest("invalid_option", f"{option} must be an integer from {low} to {high}",
                              {"option": option, "min": low, "max": high})
         changes[option] = value

@@ -16,10 +16,12 @@ Pure: the caller passes the state each operation falls on, and now_ms.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from queen.core.kv import KvOp, KvState, parse_kv_ops
 from queen.core.limits import Limits
 from queen.core.outcomes import QueueReason, TxnReason
-from queen.core.queue_ops import AckItem, PushItem, parse_acks, parse_push
+from queen.core.queue_ops import AckItem, PopOp, PushItem, parse_acks, parse_push
 from queen.core.queues import Growth
 from queen.core.tenants import shown
 from queen.core.timer_ops import TimerOp, parse_timer_ops
@@ -35,8 +37,8 @@ class TransactionOps:
 
     __slots__ = ("kv", "ack", "push", "timers", "required_leases", "prefix", "next")
 
-    def __init__(self, kv: list[KvOp], ack: list[AckItem] = (), push: list[PushItem] = (),
-                 timers: list[TimerOp] = ()):
+    def __init__(self, kv: list[KvOp], ack: Sequence[AckItem] = (), push: Sequence[PushItem] = (),
+                 timers: Sequence[TimerOp] = ()):
         self.kv = kv
         self.ack = list(ack)
         self.push = list(push)
@@ -47,7 +49,7 @@ class TransactionOps:
         self.prefix = ""  # the tenant's name prefix (queen/core/tenants.py): leases of others are lost to it
         # A pop (`next`) made in the same step once the transaction committed, on the state it left;
         # none when it was refused. Answered at position 1 of the step's reply_to.
-        self.next = None
+        self.next: PopOp | None = None
 
     def writes(self) -> bool:
         return bool(self.ack or self.push or self.timers) or any(op.op not in _READ_ONLY for op in self.kv)
@@ -100,7 +102,7 @@ def check_transaction_ops(ops: list[KvOp]) -> None:
 
 
 def apply_transaction(txn: TransactionOps, kv_states: list[KvState], ack_tables: list, push_tables: list,
-                      timer_tables: list, now_ms: int, records: list, lease_checks: list = ()) -> dict:
+                      timer_tables: list, now_ms: int, records: list, lease_checks: Sequence[bool] = ()) -> dict:
     """The answer. kv_states[i] owns txn.kv[i]'s key; the *_tables are the QueueTables that own
     each ack's partition, each push's queue and each timer's queue; lease_checks[i] says whether
     txn.required_leases[i] is live."""
@@ -118,14 +120,14 @@ def apply_transaction(txn: TransactionOps, kv_states: list[KvState], ack_tables:
             results.append(result)
         answer["kv"] = results
     if txn.ack:
-        results = [None] * len(txn.ack)
+        acked: list = [None] * len(txn.ack)
         by_table: dict[int, tuple] = {}
         for item, table in zip(txn.ack, ack_tables, strict=True):
             by_table.setdefault(id(table), (table, []))[1].append(item)
         for table, items in by_table.values():
             for result in table.ack_together(items, now_ms, records):
-                results[result["index"]] = result
-        answer["ack"] = results
+                acked[result["index"]] = result
+        answer["ack"] = acked
     if txn.push:
         answer["push"] = [table.push_one(item, now_ms, records, exempt=True)
                           for item, table in zip(txn.push, push_tables, strict=True)]
@@ -156,15 +158,15 @@ def _first_miss(txn: TransactionOps, kv_states, ack_tables, push_tables, timer_t
             return {"top": QueueReason.LEASE_LOST, "section": "requiredLeases", "index": index, "reason": QueueReason.LEASE_LOST,
                     "leaseId": lease_id}
     growth = Growth()
-    for index, (item, table) in enumerate(zip(txn.push, push_tables, strict=True)):
-        reason = table.check_push(item, now_ms, growth)
+    for index, (pushed, table) in enumerate(zip(txn.push, push_tables, strict=True)):
+        reason = table.check_push(pushed, now_ms, growth)
         if reason is not None:
-            return {"top": reason, "section": "push", "index": index, "reason": reason, "queue": shown(item.queue),
-                    "partition": item.partition}
-    for index, (op, table) in enumerate(zip(txn.timers, timer_tables, strict=True)):
-        if op.op == "schedule":
-            reason = table.timers.check_schedule(op, growth)
+            return {"top": reason, "section": "push", "index": index, "reason": reason, "queue": shown(pushed.queue),
+                    "partition": pushed.partition}
+    for index, (timer, table) in enumerate(zip(txn.timers, timer_tables, strict=True)):
+        if timer.op == "schedule":
+            reason = table.timers.check_schedule(timer, growth)
             if reason is not None:
-                return {"top": reason, "section": "timers", "index": index, "reason": reason, "queue": shown(op.queue),
-                        "key": op.key}
+                return {"top": reason, "section": "timers", "index": index, "reason": reason, "queue": shown(timer.queue),
+                        "key": timer.key}
     return None

@@ -39,7 +39,7 @@ import sys
 import time
 
 CONTROLS = ("ack_before_fsync", "skip_dir_fsync", "reuse_version", "lease_early", "double_grant")
-PATCHES_COMPILED = ("lease_early",)  # controls whose patch lands in a module of queen/_native.py
+PATCHES_COMPILED = ("lease_early", "double_grant")  # controls whose patch lands in a module of queen/_native.py
 
 
 def _disk_class(base):

@@ -30,22 +30,47 @@ from queen.core.tenants import shown
 from queen.errors import Unavailable
 
 if TYPE_CHECKING:
+    from queen.core.kv import VersionCounter
+    from queen.core.limits import Limits
+    from queen.core.queues.model import Lease
     from queen.core.queues.parking import ParkedPops
 
 
 class Delivery:
+    """Delivery's half of QueueTable (table.py), which sets these attributes and implements the
+    methods below that only raise here: declared, so the compiled build (queen/_native.py) knows
+    their types."""
+
+    versions: VersionCounter
+    limits: Limits
     parked: ParkedPops
     resolved: list
-    dirty: dict
+    dirty: dict[str, None]
 
-    def pop(self, op: PopOp, now_ms: int, records: list, reply_to=None, position: int = 0) -> dict | None:
+    def _queue(self, name: str, now_ms: int, records: list, create: bool) -> Queue | None:
+        raise NotImplementedError
+
+    def _group(self, queue: Queue, name: str, mode: str, now_ms: int, records: list) -> Group | Refusal:
+        raise NotImplementedError
+
+    def _expire(self, queue: Queue, group: Group, lease: Lease, now_ms: int, records: list) -> None:
+        raise NotImplementedError
+
+    def _apply_grant(self, queue: Queue, group: Group, lease_id: int, acquired_at_ms: int, expires_at_ms: int,
+                     auto_ack: bool, deliveries: list) -> None:
+        raise NotImplementedError
+
+    def _settle(self, queue: Queue, partition: Partition, now_ms: int) -> None:
+        raise NotImplementedError
+
+    def pop(self, op: PopOp, now_ms: int, records: list, reply_to=None, position: int = 0) -> dict | Refusal | None:
         """The answer, or None when the pop was parked (answered later, in resolved)."""
         queue = self._queue(op.queue, now_ms, records, create=True)
         if queue is None:
             return {"success": False, "reason": QueueReason.STORAGE_FULL, "error": QueueReason.STORAGE_FULL, "queue": shown(op.queue),
                     "consumerGroup": op.group, "messages": []}
         group = self._group(queue, op.group, op.mode, now_ms, records)
-        if type(group) is Refusal:
+        if isinstance(group, Refusal):
             return group
         if op.after and op.queue in self.dirty:
             # A `next` pop rides the step of the ack that may just have made something deliverable:
@@ -87,19 +112,21 @@ class Delivery:
             heap = group.ready
             while heap and left > 0 and len(taken) < op.partitions:
                 ready_at_ms, partition_id = heap[0]
-                partition = queue.by_id.get(partition_id)
-                state = partition.groups.get(group.name) if partition is not None else None
-                if state is None or state.ready_at_ms != ready_at_ms:
+                found = queue.by_id.get(partition_id)
+                found_state = found.groups.get(group.name) if found is not None else None
+                if found is None or found_state is None or found_state.ready_at_ms != ready_at_ms:
                     heapq.heappop(heap)  # its partition or group is gone, or an earlier entry superseded it
                     continue
-                if state.lease is not None:
-                    if state.lease.expires_at_ms > now_ms:
+                partition, state = found, found_state
+                holder = state.lease
+                if holder is not None:
+                    if holder.expires_at_ms > now_ms:
                         heapq.heappop(heap)
                         state.ready_at_ms = None
                         continue
                     # Its messages come back (held back by the retry backoff, if the queue has one):
                     # the lease's end files the partition again, so look at the heap afresh.
-                    self._expire(queue, group, state.lease, now_ms, records)
+                    self._expire(queue, group, holder, now_ms, records)
                     continue
                 head = partition.messages.get(state.floor) if state.floor < partition.next_offset else None
                 if head is None:
@@ -161,7 +188,8 @@ class Delivery:
         """Unresolved, available offsets from the floor up, in order, stopping at the first that is
         not available or is held back by the retry backoff (head of line), at count, or before the
         byte budget is passed (but at least one message in an answer)."""
-        offsets, size = [], 0
+        offsets: list[int] = []
+        size = 0
         resolved = state.resolved
         retry_at = state.retry_at
         messages = partition.messages
@@ -191,8 +219,10 @@ class Delivery:
         found nothing has left it correct there."""
         if op.partition is not None:
             partition = queue.partitions.get(op.partition)
-            state = partition.groups[group.name] if partition is not None else None
-            head = partition.messages.get(state.floor) if partition is not None else None
+            head = None
+            if partition is not None:
+                state = partition.groups[group.name]
+                head = partition.messages.get(state.floor)
             at_ms = ready_at(head, state) if head is not None else 0
         else:
             at_ms = group.ready[0][0] if group.ready else 0
@@ -228,7 +258,7 @@ class Delivery:
                 if queue is None:
                     break
                 group = self._group(queue, group_name, waiter.op.mode, now_ms, records)
-                if type(group) is Refusal:
+                if isinstance(group, Refusal):
                     break
                 answer, _ = self._deliver(queue, group, waiter.op, now_ms, records)
                 if answer is None:

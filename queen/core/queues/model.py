@@ -79,7 +79,7 @@ class Partition:
 class Lease:
     __slots__ = ("lease_id", "group", "acquired_at_ms", "expires_at_ms", "held")
 
-    def __init__(self, lease_id, group, acquired_at_ms, expires_at_ms):
+    def __init__(self, lease_id: int, group: str, acquired_at_ms: int, expires_at_ms: int) -> None:
         self.lease_id = lease_id
         self.group = group
         self.acquired_at_ms = acquired_at_ms
@@ -90,7 +90,7 @@ class Lease:
 class Group:
     __slots__ = ("name", "mode", "joined_at_ms", "join_version", "leases", "ready")
 
-    def __init__(self, name, mode, joined_at_ms, join_version):
+    def __init__(self, name: str, mode: str, joined_at_ms: int, join_version: int) -> None:
         self.name = name
         self.mode = mode
         self.joined_at_ms = joined_at_ms
@@ -103,7 +103,7 @@ class Queue:
     __slots__ = ("name", "created_at_ms", "options", "partitions", "by_id", "groups", "messages", "bytes",
                  "dedupe_due", "version", "usage", "shown")
 
-    def __init__(self, name, created_at_ms, options, version, usage: Usage | None = None):
+    def __init__(self, name: str, created_at_ms: int, options: dict, version: int, usage: Usage | None = None) -> None:
         self.name = name
         self.shown = shown(name)  # as its tenant wrote it, for answers
         self.usage = usage  # its tenant's, counted with messages and bytes; None for the default tenant
@@ -124,7 +124,7 @@ class Shared:
 
     __slots__ = ("queues", "bytes", "timers", "partition_queue", "lease_queue", "usage")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.usage = UsageBook()  # per tenant, KV rows' included: the one object every shard shares
         self.queues = 0
         self.bytes = 0  # payloads retained (timers' included) and producer ids kept
@@ -163,7 +163,7 @@ class QueueStatistics:
 class QueueStats:
     __slots__ = ("pushed", "duplicates", "push_failed", "redelivered_failed", "redelivered_expired", "dlq_moves")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.pushed = self.duplicates = self.push_failed = 0
         # queue -> count, since the start (a restarted server counts from 0, as Prometheus expects)
         self.redelivered_failed: dict[str, int] = {}
@@ -181,7 +181,7 @@ class Growth:
 
     __slots__ = ("bytes", "timers", "queues", "messages", "partitions", "ids")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.bytes = 0
         self.timers = 0
         self.queues: set[str] = set()  # queues the transaction creates

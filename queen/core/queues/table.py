@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from pyroaring import BitMap, BitMap64
 
@@ -114,28 +115,29 @@ class QueueTable(Delivery):
     def admin(self, op: QueueAdmin, now_ms: int, records: list):
         args = op.args
         kind = op.kind
+        name = op.queue if op.queue is not None else ""  # None only for the calls on every queue
         if kind == "dlq":
-            return views.dlq_page(self.queues, op.queue, args["group"], args["partition"], args["cursor"], args["skip"],
+            return views.dlq_page(self.queues, name, args["group"], args["partition"], args["cursor"], args["skip"],
                                   args["limit"])
         if kind == "requeue":
-            return self.requeue(op.queue, args["group"], args["items"], now_ms, records)
+            return self.requeue(name, args["group"], args["items"], now_ms, records)
         if kind == "purge":
-            return self.purge(op.queue, args["group"], now_ms, records)
+            return self.purge(name, args["group"], now_ms, records)
         if kind == "delete":
-            return self.delete_queue(op.queue, now_ms, records)
+            return self.delete_queue(name, now_ms, records)
         if kind == "delete_group":
-            return self.delete_group(op.queue, args["group"], now_ms, records)
+            return self.delete_group(name, args["group"], now_ms, records)
         if kind == "delete_group_everywhere":
             tenant = args.get("tenant", "")
-            names = [name for name, queue in self.queues.items()
-                     if args["group"] in queue.groups and is_own(name, tenant)]
-            for name in names:
-                self.delete_group(name, args["group"], now_ms, records)
-            return [shown(name) for name in names]
+            names = [each for each, queue in self.queues.items()
+                     if args["group"] in queue.groups and is_own(each, tenant)]
+            for each in names:
+                self.delete_group(each, args["group"], now_ms, records)
+            return [shown(each) for each in names]
         if kind == "info":
-            return views.queue_info(self.queues, self.timers, op.queue, now_ms)
+            return views.queue_info(self.queues, self.timers, name, now_ms)
         if kind == "partitions":
-            return views.partitions_page(self.queues, op.queue, args["group"], args["prefix"], args["cursor"],
+            return views.partitions_page(self.queues, name, args["group"], args["prefix"], args["cursor"],
                                          args["limit"], now_ms)
         if kind == "list":
             return views.queue_summaries(self.queues, self.timers, args.get("tenant", ""), args["prefix"], args["after"],
@@ -226,11 +228,11 @@ class QueueTable(Delivery):
         created = queue is None
         if created and self.shared.queues >= self.limits.queues_max:
             return {"configured": False, "queue": shown(name), "reason": QueueReason.STORAGE_FULL, "error": QueueReason.STORAGE_FULL}
-        options = dict(DEFAULT_OPTIONS if created else queue.options)
+        options = dict(DEFAULT_OPTIONS if queue is None else queue.options)
         options.update(changes)
-        if created or options != queue.options:
+        if queue is None or options != queue.options:
             version = self.versions.next()
-            created_at_ms = now_ms if created else queue.created_at_ms
+            created_at_ms = now_ms if queue is None else queue.created_at_ms
             rec.queue_set(records, version, name, created_at_ms, options)
             queue = self._apply_queue_set(version, name, created_at_ms, options)
             self.dirty[name] = None
@@ -476,7 +478,7 @@ class QueueTable(Delivery):
         name = self.shared.partition_queue.get(item.partition_id)
         queue = self.queues.get(name) if name is not None else None
         partition = queue.by_id.get(item.partition_id) if queue is not None else None
-        if partition is None or not is_own(name, item.prefix):
+        if queue is None or partition is None or name is None or not is_own(name, item.prefix):
             return QueueReason.LEASE_LOST, MessageState.UNKNOWN
         entry = self.leases.get(item.lease_id)
         lease = entry[2] if entry is not None and entry[0] is queue else None
@@ -566,7 +568,7 @@ class QueueTable(Delivery):
                 self._lease_end(queue, group, lease, partition.id, now_ms, records)
         else:
             retry += 1
-            dlq = item.status == "dlq" or (retry > queue.options["retryLimit"] and queue.options["dlqAfterMaxRetries"])
+            dlq = item.status == "dlq" or (retry > queue.options["retryLimit"] and bool(queue.options["dlqAfterMaxRetries"]))
             error = item.error if item.error is not None else None
             self._message_state(queue, group.name, partition, offset, "dlq" if dlq else "pending", retry,
                                 error if dlq else None, now_ms, records)
@@ -698,7 +700,7 @@ class QueueTable(Delivery):
             state = partition.groups[group.name]
             for offset in list(offsets):
                 retry = state.retries.get(offset, 0) + 1
-                dlq = retry > options["retryLimit"] and options["dlqAfterMaxRetries"]
+                dlq = retry > options["retryLimit"] and bool(options["dlqAfterMaxRetries"])
                 self._message_state(queue, group.name, partition, offset, "dlq" if dlq else "pending", retry,
                                     "lease_expired" if dlq else None, now_ms, records)
                 if not dlq:
@@ -783,10 +785,10 @@ class QueueTable(Delivery):
             self._expire(queue, group, lease, now_ms, records)
         self.tick_parked(now_ms)
         for queue_name, partition_id in self.sweep_wheel.advance(now_ms):
-            queue = self.queues.get(queue_name)
-            partition = queue.by_id.get(partition_id) if queue is not None else None
-            if partition is not None:
-                self._sweep(queue, partition, now_ms, records)
+            swept = self.queues.get(queue_name)
+            partition = swept.by_id.get(partition_id) if swept is not None else None
+            if swept is not None and partition is not None:
+                self._sweep(swept, partition, now_ms, records)
         self.producer_ids.forget_due(self.queues, now_ms)
         self.timers.tick(now_ms, records)
 
@@ -813,7 +815,7 @@ class QueueTable(Delivery):
                 below = max(below, history.popleft()[0])
         if options["retentionSeconds"]:
             keep_ms = options["retentionSeconds"] * 1000
-            in_flight = set()
+            in_flight: set[int] = set()
             for state in partition.groups.values():
                 if state.lease is not None and state.lease.expires_at_ms > now_ms:
                     in_flight.update(state.lease.held.get(partition.id, ()))
@@ -838,13 +840,14 @@ class QueueTable(Delivery):
     # ------------------------------------------------------------------------------------------
     # DLQ, deletion.
 
-    def requeue(self, name: str, group: str, items: list, now_ms: int, records: list) -> dict:
+    def requeue(self, name: str, group: str, items: Iterable[tuple[int, int]], now_ms: int, records: list) -> dict:
         queue = self.queues.get(name)
         results = []
         for index, (partition_id, offset) in enumerate(items):
             partition = queue.by_id.get(partition_id) if queue is not None else None
             state = partition.groups.get(group) if partition is not None else None
-            if state is None or offset >= partition.next_offset or offset not in state.dlq:
+            if queue is None or partition is None or state is None or offset >= partition.next_offset \
+                    or offset not in state.dlq:
                 results.append({"index": index, "requeued": False, "reason": QueueReason.ABSENT})
                 continue
             self._message_state(queue, group, partition, offset, "pending", 0, None, now_ms, records)
