@@ -1,0 +1,1 @@
+"""High availability: a cluster of Queen nodes, one leader shipping its log to followers."""
