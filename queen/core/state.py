@@ -74,13 +74,16 @@ class Drain:
 class BeginEpoch:
     """This node begins leading `epoch`: one EPOCH record (queen/core/records.py), the epoch's first
     version, applied like any record (leases live at clock_floor_ms end no earlier than
-    lease_grace_until_ms); answered as (reply_to, 0, its version)."""
+    lease_grace_until_ms); answered as (reply_to, 0, its version). previous_version: the last
+    version of the log before it (the counter may already stand higher: a version floor)."""
 
-    __slots__ = ("epoch", "node", "clock_floor_ms", "lease_grace_until_ms", "reply_to")
+    __slots__ = ("epoch", "node", "previous_version", "clock_floor_ms", "lease_grace_until_ms", "reply_to")
 
-    def __init__(self, epoch: int, node: str, clock_floor_ms: int, lease_grace_until_ms: int, reply_to):
+    def __init__(self, epoch: int, node: str, previous_version: int, clock_floor_ms: int, lease_grace_until_ms: int,
+                 reply_to):
         self.epoch = epoch
         self.node = node
+        self.previous_version = previous_version
         self.clock_floor_ms = clock_floor_ms
         self.lease_grace_until_ms = lease_grace_until_ms
         self.reply_to = reply_to
@@ -166,8 +169,7 @@ class State:
             for shard in touched:
                 shard.queues.drain()
         elif kind is BeginEpoch:
-            previous = self.versions.last
-            record = rec.Epoch(step.epoch, step.node, self.versions.next(), previous, step.clock_floor_ms,
+            record = rec.Epoch(step.epoch, step.node, self.versions.next(), step.previous_version, step.clock_floor_ms,
                                step.lease_grace_until_ms)
             rec.encode(records, record)
             self._apply_epoch(record)

@@ -355,7 +355,10 @@ class WalWriter:
         if self._fd is not None:
             self.disk.close(self._fd)
             self._fd = None
-            self.disk.truncate(os.path.join(self.data_dir, segment_name(self._segment_seq)), self._segment_bytes)
+            try:
+                self.disk.truncate(os.path.join(self.data_dir, segment_name(self._segment_seq)), self._segment_bytes)
+            except FileNotFoundError:
+                pass  # a cluster follower set its whole log aside to fetch its leader's (stopped first)
 
     def _commit(self, items: list, first_version: int, last_version: int, raw: list[bytes]) -> bytes:
         """Write and fsync a batch: raw frames as they are, then the frame of items (after a

@@ -25,7 +25,7 @@ def lock_ops(state, now, *raws):
 
 
 def begin_epoch(state, now, floor, grace, epoch=2):
-    applied = state.apply(BeginEpoch(epoch, "n2", floor, grace, "me"), now)
+    applied = state.apply(BeginEpoch(epoch, "n2", state.versions.last, floor, grace, "me"), now)
     return applied
 
 
@@ -79,7 +79,7 @@ def test_a_queue_lease_ending_before_the_grace_is_extended_and_replay_agrees():
     short = q.pop()
     long = q.pop(queue="other")
     assert short["expiresAt"] == T0 + 5000 and long["expiresAt"] == T0 + 600_000
-    applied = q.state.apply(BeginEpoch(3, "n2", T0 + 1000, T0 + 30_000, "me"), q.now)
+    applied = q.state.apply(BeginEpoch(3, "n2", q.state.versions.last, T0 + 1000, T0 + 30_000, "me"), q.now)
     q.records += rec.decode(applied.records)
     leases = q.state.shards[0].queues.leases
     assert leases[short["leaseId"]][2].expires_at_ms == T0 + 30_000
