@@ -403,3 +403,28 @@ async def test_failover_versions_rise_above_the_old_ceiling_and_leases_get_the_g
         assert n3.replicator.log_position() == (2, n3.replicator.log_last)
         await n2.stop()
         await n3.stop()
+
+
+async def test_a_batch_past_the_allowed_ceiling_waits_until_it_is_raised(tmp_path):
+    async with running() as nursery:
+        [n1] = await cluster_of(nursery, tmp_path, names=("n1",))
+        await lead_with(n1, [], 1)
+        writer = n1.server.writer
+        client = n1.client()
+        assert (await put(client, "a", 1))[0] == 200
+        assert not writer.ceiling_wanted.is_set()
+        writer.ceiling_allowed = n1.server.state.versions.last  # nothing more may be handed out
+        answered = []
+
+        async def held_put():
+            answered.append(await put(n1.client(), "b", 2))
+
+        nursery.start_soon(held_put)
+        await until(writer.ceiling_wanted.is_set, "the writer to want more ceiling")
+        await passes()
+        assert answered == [] and writer.local_version < n1.server.state.versions.last, "not even written"
+        writer.ceiling_allowed = n1.server.state.versions.last + (1 << 20)
+        await until(lambda: answered, "the answer")
+        assert answered[0][0] == 200 and writer.ceiling <= writer.ceiling_allowed
+        assert not writer.ceiling_wanted.is_set()
+        await n1.stop()
