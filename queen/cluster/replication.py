@@ -596,7 +596,10 @@ def _read_frames(data_dir: str, disk, after: int, upto: int, position):
             if header.first_version > upto:
                 return b"".join(out), last, (current, offset)
             if header.first_version == 0:
-                items = decode_frame(data, offset)[0]
+                try:
+                    items = decode_frame(data, offset)[0]
+                except FrameError:  # a frame being written right now: what follows comes live
+                    return b"".join(out), last, (current, offset)
                 # A ceiling frame goes with the batch frame written right after it.
                 pending = data[offset:header.end] if items and items[0] == int(rec.Kind.CEILING) else None
             else:
