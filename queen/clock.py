@@ -25,3 +25,10 @@ class Clock:
 
     def now_ms(self) -> int:
         return self._wall_at_start_ms + int((trio.current_time() - self._monotonic_at_start_s) * 1000)
+
+    def raise_to(self, floor_ms: int) -> None:
+        """Never read below floor_ms from now on (a new cluster leader starts at the latest time its
+        old leader showed): moves the wall base forward, never back."""
+        behind = floor_ms - self.now_ms()
+        if behind > 0:
+            self._wall_at_start_ms += behind

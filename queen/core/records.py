@@ -17,6 +17,7 @@ encoding"), and a frame holds hundreds of records.
 | 2    | delete    | ns, key, version                                                                   | version         |
 | 3    | ceiling   | version_max                                                                        | no              |
 | 4    | segment_cut | next_segment                                                                     | no              |
+| 5    | epoch     | epoch, node, version (the epoch's first), previous_version, clock_floor_ms, lease_grace_until_ms | version |
 | 16   | queue_set | version, queue, created_at_ms, options                                             | version         |
 | 17   | queue_delete | version, queue                                                                  | version         |
 | 18   | partition | version (the partition id), queue, name, created_at_ms                            | version         |
@@ -50,6 +51,13 @@ encoding"), and a frame holds hundreds of records.
   held it.
 - segment_cut: the last record of a segment that was closed; the next one exists and is
   next_segment. A newest segment that went missing is noticed through it.
+- epoch: node began leading epoch `epoch` (a cluster's term, queen/cluster/replication.py); the
+  first record it wrote, at its epoch's first version (`first_version` reads it).
+  previous_version is the last version of the log before it (where the earlier epochs end on this
+  leader: what a rejoining node keeps). Applying it extends every lease live at clock_floor_ms
+  (lock permits, queue partition leases) to end no earlier than lease_grace_until_ms, so a failover
+  never shortens a lease; KV lifetimes and timers are not touched. A function of the state and the
+  record alone, so replay gives the same state under any clock.
 
 Queues (kinds 16-30; every count and id is an integer, every name a string):
 - queue_set: the queue exists with these options (a map of every option's canonical name to its
@@ -126,6 +134,7 @@ class Kind(enum.IntEnum):
     DELETE = 2
     CEILING = 3
     SEGMENT_CUT = 4
+    EPOCH = 5
     QUEUE_SET = 16
     QUEUE_DELETE = 17
     PARTITION = 18
@@ -182,6 +191,20 @@ class Ceiling(NamedTuple):
 
 class SegmentCut(NamedTuple):
     next_segment: int
+
+
+class Epoch(NamedTuple):
+    epoch: int
+    node: str
+    version: int
+    previous_version: int
+    clock_floor_ms: int
+    lease_grace_until_ms: int
+
+    @property
+    def first_version(self) -> int:
+        """The epoch's first version: this record's own."""
+        return self.version
 
 
 class QueueSet(NamedTuple):
@@ -380,12 +403,13 @@ class PendingSchedules(NamedTuple):
     packed: bytes  # the packed schedules, concatenated
 
 
-Record = Put | Delete | Ceiling | SegmentCut | QueueSet | QueueDelete | PartitionCreate | Append | GroupJoin | \
+Record = Put | Delete | Ceiling | SegmentCut | Epoch | QueueSet | QueueDelete | PartitionCreate | Append | GroupJoin | \
     GroupDelete | Grant | MessageState | LeaseEnd | LeaseExtend | Remove | GroupPartition | GroupPartition32 | Dedupe | PartitionState | \
     PartitionMessages | TimerSet | TimerCancel | TimerFired | PendingTimers | TimerSchedule | TimerRearm | PendingSchedules
 
 # The kind numbers as plain ints for the encoders: the hot path appends them without an enum lookup.
 _PUT, _DELETE, _CEILING, _SEGMENT_CUT = int(Kind.PUT), int(Kind.DELETE), int(Kind.CEILING), int(Kind.SEGMENT_CUT)
+_EPOCH = int(Kind.EPOCH)
 _QUEUE_SET, _QUEUE_DELETE, _PARTITION, _APPEND = (int(Kind.QUEUE_SET), int(Kind.QUEUE_DELETE), int(Kind.PARTITION),
                                                   int(Kind.APPEND))
 _GROUP_JOIN, _GROUP_DELETE, _GRANT, _MESSAGE_STATE = (int(Kind.GROUP_JOIN), int(Kind.GROUP_DELETE), int(Kind.GRANT),
@@ -416,6 +440,11 @@ def ceiling(out: list, version_max: int) -> None:
 
 def segment_cut(out: list, next_segment: int) -> None:
     out += (_SEGMENT_CUT, next_segment)
+
+
+def epoch(out: list, epoch: int, node: str, version: int, previous_version: int, clock_floor_ms: int,
+          lease_grace_until_ms: int) -> None:
+    out += (_EPOCH, epoch, node, version, previous_version, clock_floor_ms, lease_grace_until_ms)
 
 
 def queue_set(out: list, version: int, queue: str, created_at_ms: int, options: dict) -> None:
@@ -595,6 +624,8 @@ SCHEMA: dict[Kind, tuple] = {
     Kind.DELETE: (Delete, _check_delete),
     Kind.CEILING: (Ceiling, lambda f: _version(f[0])),
     Kind.SEGMENT_CUT: (SegmentCut, lambda f: type(f[0]) is int and 1 <= f[0] <= INT64_MAX),
+    Kind.EPOCH: (Epoch, lambda f: _version(f[0]) and _str(f[1]) and _version(f[2]) and _int(f[3]) and f[3] < f[2]
+                 and _time(f[4]) and _time(f[5])),
     Kind.QUEUE_SET: (QueueSet, lambda f: _version(f[0]) and _str(f[1]) and _time(f[2]) and type(f[3]) is dict),
     Kind.QUEUE_DELETE: (QueueDelete, lambda f: _version(f[0]) and _str(f[1])),
     Kind.PARTITION: (PartitionCreate, lambda f: _version(f[0]) and _str(f[1]) and _str(f[2]) and _time(f[3])),

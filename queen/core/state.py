@@ -14,9 +14,11 @@ Pure: no trio, no clock reads, no I/O. `reply_to` values are opaque here.
 
 from __future__ import annotations
 
+import struct
+
 from queen.core import queues as queue_state
 from queen.core import records as rec
-from queen.core.kv import VersionCounter, snapshot_records
+from queen.core.kv import VersionCounter, is_locks_ns, snapshot_records
 from queen.core.limits import Limits
 from queen.core.placement import shard_of, shard_of_lease, shard_of_partition, shard_of_queue
 from queen.core.shard import ShardState
@@ -69,6 +71,24 @@ class Drain:
     __slots__ = ()
 
 
+class BeginEpoch:
+    """This node begins leading `epoch`: one EPOCH record (queen/core/records.py), the epoch's first
+    version, applied like any record (leases live at clock_floor_ms end no earlier than
+    lease_grace_until_ms); answered as (reply_to, 0, its version). previous_version: the last
+    version of the log before it (the counter may already stand higher: a version floor)."""
+
+    __slots__ = ("epoch", "node", "previous_version", "clock_floor_ms", "lease_grace_until_ms", "reply_to")
+
+    def __init__(self, epoch: int, node: str, previous_version: int, clock_floor_ms: int, lease_grace_until_ms: int,
+                 reply_to):
+        self.epoch = epoch
+        self.node = node
+        self.previous_version = previous_version
+        self.clock_floor_ms = clock_floor_ms
+        self.lease_grace_until_ms = lease_grace_until_ms
+        self.reply_to = reply_to
+
+
 class Applied:
     """What a step did: answers [(reply_to, position, result)], records (a flat list for the WAL)
     and the versions they took (0, 0 when none), and failures [(reply_to, position, exception)]:
@@ -96,6 +116,8 @@ class State:
         self.queues = queue_state.Shared()
         self.shards = [ShardState(self.versions, now_ms, self.limits, self.queues) for _ in range(shard_count)]
         self.shard_count = shard_count
+        # (epoch, first_version, previous_version) of every EPOCH record applied, in log order.
+        self.epochs: list[tuple[int, int, int]] = []
 
     def apply(self, step, now_ms: int) -> Applied:
         before = self.versions.last
@@ -146,6 +168,13 @@ class State:
             touched = self.shards
             for shard in touched:
                 shard.queues.drain()
+        elif kind is BeginEpoch:
+            record = rec.Epoch(step.epoch, step.node, self.versions.next(), step.previous_version, step.clock_floor_ms,
+                               step.lease_grace_until_ms)
+            rec.encode(records, record)
+            self._apply_epoch(record)
+            answers.append((step.reply_to, 0, record.version))
+            touched = ()
         else:
             raise TypeError(f"not a step: {step!r}")
         for shard in touched:
@@ -213,8 +242,19 @@ class State:
         """Re-apply one typed record from the WAL or a snapshot."""
         if type(record) in rec.QUEUE_RECORDS:
             self.shards[shard_of_queue(record.queue, self.shard_count)].queues.replay(record)
+        elif type(record) is rec.Epoch:
+            self._apply_epoch(record)
         else:
             self.shards[shard_of(record.ns, record.key, self.shard_count)].kv.replay(record)
+
+    def _apply_epoch(self, record: rec.Epoch) -> None:
+        """A new leader's epoch begins: no lease live at clock_floor_ms ends before
+        lease_grace_until_ms. Live and on replay alike, from the state and the record alone."""
+        self.epochs.append((record.epoch, record.version, record.previous_version))
+        live_after, grace = record.clock_floor_ms, record.lease_grace_until_ms
+        for shard in self.shards:
+            extend_lock_permits(shard.kv, live_after, grace)
+            shard.queues.extend_leases(live_after, grace)
 
     def snapshot_capture(self):
         """Copies of every shard's state, cheap to take at a batch edge; the function returned turns
@@ -237,3 +277,22 @@ class State:
     def row_count(self) -> int:
         return sum(shard.kv.row_count() for shard in self.shards)
 
+
+
+_EXPIRES_AT = struct.Struct("<q")  # a packed row's expires_at_ms, at byte 32 (queen/core/kv.py)
+_EXPIRES_AT_OFFSET = 32
+
+
+def extend_lock_permits(kv, live_after_ms: int, until_ms: int) -> None:
+    """Every lock permit (a row of a locks namespace) whose lease ends after live_after_ms but
+    before until_ms now ends at until_ms. The row keeps its version (token) and fence; its entry
+    in the TTL wheel fires at the old time, finds the later expiry and is filed again."""
+    for ns, table in kv.tables.items():
+        if not is_locks_ns(ns):
+            continue
+        rows = table.rows
+        for key, packed in rows.items():
+            expires_at_ms = _EXPIRES_AT.unpack_from(packed, _EXPIRES_AT_OFFSET)[0]
+            if live_after_ms < expires_at_ms < until_ms:
+                rows[key] = (packed[:_EXPIRES_AT_OFFSET] + _EXPIRES_AT.pack(until_ms)
+                             + packed[_EXPIRES_AT_OFFSET + _EXPIRES_AT.size:])

@@ -60,6 +60,8 @@ class Router:
         if self.versions.last > VERSIONS_WRITABLE_MAX:
             raise versions_exhausted(self.versions.last)
         if self.writer.failed is not None:
+            if isinstance(self.writer.failed, QueenError):
+                raise self.writer.failed  # e.g. 503 not_leader: this node stepped down
             raise Unavailable("not_durable", "the server cannot make writes durable (a disk error, or an internal error: "
                               "see its log); writes are refused until it is restarted", {"cause": str(self.writer.failed)})
         if self.draining:

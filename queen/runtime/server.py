@@ -62,6 +62,7 @@ class Server:
         self.router: Router | None = None
         self.state: State | None = None
         self.writer: WalWriter | None = None
+        self.recovered = None
         self.http: HttpServer | None = None
         self.coordinator = None  # a cluster node's (queen/cluster/coordinator.py); None alone
         self._stop = trio.Event()
@@ -163,6 +164,7 @@ class Server:
         self.notifier.status(f"recovering {os.path.abspath(config.data_dir)}")
         recovered = await trio.to_thread.run_sync(recover, config.data_dir, state.replay, self.disk)
         state.versions.last = recovered.version_floor
+        self.recovered = recovered  # a cluster's replicator starts from the log's last version
         logger.info("event=recovered snapshot_version=%d snapshot_records=%d segments=%d frames=%d records=%d "
                     "truncated_bytes=%d quarantined=%d last_version=%d ceiling=%d versions_from=%d rows=%d seconds=%.3f",
                     recovered.snapshot_version, recovered.snapshot_records, recovered.segments, recovered.frames,

@@ -117,13 +117,16 @@ class Call:
 
 
 class StepRunner:
-    __slots__ = ("state", "writer", "clock", "steps_applied")
+    __slots__ = ("state", "writer", "clock", "steps_applied", "standby")
 
     def __init__(self, state: State, writer: WalWriter, clock: Clock):
         self.state = state
         self.writer = writer
         self.clock = clock
         self.steps_applied = 0
+        # A cluster node that does not lead: its state changes only by its leader's records, so
+        # the ticker runs no step (queen/runtime/ticker.py). Never set on a single node.
+        self.standby = False
 
     def run(self, step) -> None:
         try:

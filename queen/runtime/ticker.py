@@ -19,4 +19,5 @@ async def tick_forever(steps: StepRunner, tick_ms: int) -> None:
     while True:
         next_at = max(next_at + interval_s, trio.current_time())
         await trio.sleep_until(next_at)
-        steps.run(Tick())
+        if not steps.standby:  # a cluster follower's time moves only with its leader's records
+            steps.run(Tick())

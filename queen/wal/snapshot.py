@@ -65,6 +65,15 @@ def encode_snapshot(version: int, ceiling: int, first_segment: int, sections: di
                                 len(payload)) + payload
 
 
+def rebase_snapshot(data: bytes, first_segment: int) -> bytes:
+    """The same snapshot saying the log goes on in segment first_segment (a cluster follower
+    installs its leader's snapshot before its own segments' numbers)."""
+    magic, fmt, version, ceiling, _, _, size = SNAPSHOT_HEADER.unpack_from(data, 0)
+    payload = data[SNAPSHOT_HEADER.size:]
+    crc = zlib.crc32(payload, zlib.crc32(_CRC_FIELDS.pack(version, ceiling, first_segment)))
+    return SNAPSHOT_HEADER.pack(magic, fmt, version, ceiling, first_segment, crc, size) + payload
+
+
 def decode_snapshot(data: bytes) -> Snapshot:
     """A whole, checked snapshot file, its sections' records decoded and in section order."""
     if len(data) < SNAPSHOT_HEADER.size:

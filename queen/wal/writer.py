@@ -10,8 +10,20 @@ are fast, and in the disk thread once they are slow (bench/README.md, "Durabilit
 hand-off per frame costs more CPU than a fast fsync blocks the loop; a slow disk must not stall
 every connection. Snapshots always go to the thread.
 
+Replication (queen/cluster/replication.py), off on a single node: `replicate`, when set, is called
+on the event loop after every local write + fsync with the exact bytes written (the ceiling and
+batch frames; a segment_cut frame is each node's own and is not passed) and their highest
+version. Waiters are then released only by `release(version)`, which the replicator calls once the
+sync set has acked: `durable_version` is min(fsynced here, acked by the sync set). A follower
+appends its leader's frames with `submit_frames`, unchanged, in the same segments. The version
+ceiling may be capped (`ceiling_allowed`, raised by the cluster's coordinator after reserving
+versions in etcd): a batch whose last version is above it waits, unwritten and unanswered, and
+`ceiling_wanted` is set whenever a renewal is cut short by the cap.
+
 Invariants:
   - versions rise across submits (asserted);
+  - no waiter is released before its version is fsynced here and, while `replicate` is set,
+    acked by the sync set (`release`);
   - before a frame goes to disk, a ceiling record at or above its last version is on disk in an
     earlier frame or the snapshot; the writer renews the ceiling CEILING_BLOCK ahead (never past
     VERSION_MAX, which no version passes), in a small frame written just before the batch's (same
@@ -25,7 +37,7 @@ Invariants:
     not have. Running out of descriptors while cutting is not a failure: the log goes on in the
     current segment and the cut is tried again at the next commit.
 
-On a write or fsync error the writer stops for good: nothing in that batch or after it is
+On a write or fsync error (or `stop`: a step that failed, a leader stepping down) the writer stops for good: nothing in that batch or after it is
 acknowledged, and the file is never fsynced again as if the failed fsync had not happened (after a
 failed fsync the kernel may have dropped the dirty pages; a retry that succeeds proves nothing).
 """
@@ -35,13 +47,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import trio
 
 from queen.core import records as rec
 from queen.core.kv import VERSION_MAX
-from queen.errors import Unavailable
+from queen.errors import QueenError, Unavailable
 from queen.histogram import FRAME_BYTES, FSYNC_SECONDS, Histogram, HistogramSnapshot
 from queen.wal.disk import Disk
 from queen.wal.frame import encode_frame, file_header
@@ -124,6 +137,35 @@ class WalWriter:
         # only one commit runs at a time and /metrics reads a copy.
         self.fsync_histogram = Histogram(FSYNC_SECONDS)
         self.frame_histogram = Histogram(FRAME_BYTES)
+        # Replication (module docstring). None on a single node: answers go at the local fsync.
+        self.replicate = None
+        self.local_version = durable_version  # the highest version fsynced here
+        self._held: deque = deque()  # (last version, waiters) fsynced here, not yet released
+        self._raw: list[bytes] = []  # frames another node wrote, to append unchanged
+        self._raw_last = 0
+        self._raw_ceiling = 0
+        self._ceiling_allowed = VERSION_MAX
+        self._ceiling_raised = trio.Event()
+        self.ceiling_wanted = trio.Event()
+
+    @property
+    def ceiling_allowed(self) -> int:
+        """The highest version a ceiling record may reach (VERSION_MAX on a single node). A batch
+        whose last version is above it waits, unwritten and unanswered, until it is raised."""
+        return self._ceiling_allowed
+
+    @ceiling_allowed.setter
+    def ceiling_allowed(self, value: int) -> None:
+        self._ceiling_allowed = min(value, VERSION_MAX)
+        self._ceiling_raised.set()
+        self._ceiling_raised = trio.Event()
+        if self.ceiling_wanted.is_set() and self._last_version + CEILING_BLOCK <= self._ceiling_allowed:
+            self.ceiling_wanted = trio.Event()
+
+    @property
+    def last_version(self) -> int:
+        """The highest version submitted (or appended, or recovered: at least the log's ceiling)."""
+        return self._last_version
 
     def statistics(self) -> WalStatistics:
         return WalStatistics(self.batches, self.records_written, self.bytes_written, self.fsync_seconds_total,
@@ -147,12 +189,40 @@ class WalWriter:
         if not self._work.is_set():
             self._work.set()
 
+    def submit_frames(self, data: bytes, last_version: int, ceiling: int) -> None:
+        """Queue frames another node wrote (a follower's leader), to be appended as they are; the
+        records in them were applied already (as a step's are before submit). last_version: their
+        highest version (0 for none); ceiling: their highest ceiling record (0 for none)."""
+        if self.failed is not None:
+            return
+        self._raw.append(data)
+        if last_version > self._raw_last:
+            self._raw_last = last_version
+            if last_version > self._last_version:
+                self._last_version = last_version
+        if ceiling > self._raw_ceiling:
+            self._raw_ceiling = ceiling
+        if not self._work.is_set():
+            self._work.set()
+
+    def release(self, version: int) -> None:
+        """While `replicate` is set: answers up to `version` (at most what is fsynced here) may go."""
+        version = min(version, self.local_version)
+        if version <= self.durable_version:
+            return
+        self.durable_version = version
+        held = self._held
+        while held and held[0][0] <= version:
+            for waiter in held.popleft()[1]:
+                waiter.done.set()
+
     def when_durable(self, version: int, waiter) -> None:
         """Set waiter.done once `version` is durable; with waiter.error if it never will be."""
         if version <= self.durable_version:
             waiter.done.set()
         elif self.failed is not None:
-            waiter.error = _unavailable(self.failed)
+            failed = self.failed
+            waiter.error = failed if isinstance(failed, QueenError) else _unavailable(failed)
             waiter.done.set()
         elif version <= self._inflight_last:
             self._inflight_waiters.append(waiter)
@@ -168,41 +238,54 @@ class WalWriter:
         async with trio.open_nursery() as nursery:
             task_status.started()
             while True:
-                if not self._items:
+                if not self._items and not self._raw:
                     if self._closing:
                         break
                     await self._work.wait()
                     self._work = trio.Event()
                     continue
                 await self._gather()
-                items, waiters = self._items, self._waiters
+                items, waiters, raw = self._items, self._waiters, self._raw
                 first, last = self._first_version, self._last_version
-                self._items, self._waiters = [], []
+                self._items, self._waiters, self._raw = [], [], []
                 self._inflight_last, self._inflight_waiters = last, waiters
+                if items and last + CEILING_BLOCK > self._ceiling_allowed:
+                    self.ceiling_wanted.set()
+                    while last > self._ceiling_allowed and self.failed is None:
+                        await self._ceiling_raised.wait()
+                    if self.failed is not None:
+                        continue  # stopped meanwhile: its waiters were answered
+                written = last if items else self._raw_last
                 captured = None
                 if (self._capture_state is not None and not self._snapshot_running
                         and self._bytes_since_snapshot >= self.snapshot_wal_bytes):
-                    captured = self._capture_state()  # state exactly at `last`: no await since
+                    captured = self._capture_state()  # state exactly at `written`: no await since
                     self._cut_wanted = True
                 try:
                     if self._inline:
                         self.inline_commits += 1
-                        self._commit(items, first, last)
+                        data = self._commit(items, first, last, raw)
                     else:
-                        await self._run_blocking(self._commit, items, first, last)
+                        data = await self._run_blocking(self._commit, items, first, last, raw)
                 except OSError as error:
                     self._fail(error)
                     return
-                self.durable_version = last
-                for waiter in waiters:
-                    waiter.done.set()
+                if written > self.local_version:
+                    self.local_version = written
+                if self.replicate is None:
+                    self.durable_version = last
+                    for waiter in waiters:
+                        waiter.done.set()
+                else:
+                    self._held.append((last, waiters))
+                    self.replicate(data, written)
                 if captured is not None:
                     if self._cut_wanted:  # the new segment could not be opened: snapshot later
                         self._bytes_since_snapshot = self.snapshot_wal_bytes
                     else:
                         self._bytes_since_snapshot = 0
                         self._snapshot_running = True
-                        nursery.start_soon(self._write_snapshot, last, self.ceiling, self._segment_seq, captured)
+                        nursery.start_soon(self._write_snapshot, written, self.ceiling, self._segment_seq, captured)
                 if self._inline_allowed:
                     self._choose_where_to_commit()
         await self._run_blocking(self._close_segment)
@@ -230,7 +313,9 @@ class WalWriter:
             logger.info("event=wal_commits_inline fsync_mean_ms=%.3f", self._fsync_mean_s * 1000)
 
     def stop(self, error: Exception) -> None:
-        """Take no more writes: what is in memory can no longer be trusted to match the log."""
+        """Take no more writes: what is in memory can no longer be trusted to match the log (or
+        this node no longer leads). Waiters get `error` itself when it is a QueenError (a leader
+        stepping down answers 503 not_leader), else 503 not_durable."""
         if self.failed is None:
             self._fail(error)
         self._work.set()
@@ -239,11 +324,15 @@ class WalWriter:
         self.failed = error
         logger.error("event=wal_failed error=%r action=refusing_writes records_unacknowledged=%d",
                      str(error), len(self._items))
-        unavailable = _unavailable(error)
-        for waiter in self._inflight_waiters + self._waiters:
-            waiter.error = unavailable
-            waiter.done.set()
-        self._inflight_waiters, self._waiters, self._items = [], [], []
+        unavailable = error if isinstance(error, QueenError) else _unavailable(error)
+        held = [waiter for _, bucket in self._held for waiter in bucket]
+        for waiter in held + self._inflight_waiters + self._waiters:
+            if not waiter.done.is_set():
+                waiter.error = unavailable
+                waiter.done.set()
+        self._inflight_waiters, self._waiters, self._items, self._raw = [], [], [], []
+        self._held.clear()
+        self._ceiling_raised.set()  # a batch waiting for ceiling gives up
 
     # -- blocking parts -------------------------------------------------------------------------------
 
@@ -266,19 +355,26 @@ class WalWriter:
         if self._fd is not None:
             self.disk.close(self._fd)
             self._fd = None
-            self.disk.truncate(os.path.join(self.data_dir, segment_name(self._segment_seq)), self._segment_bytes)
+            try:
+                self.disk.truncate(os.path.join(self.data_dir, segment_name(self._segment_seq)), self._segment_bytes)
+            except FileNotFoundError:
+                pass  # a cluster follower set its whole log aside to fetch its leader's (stopped first)
 
-    def _commit(self, items: list, first_version: int, last_version: int) -> None:
-        data = b""
-        ceiling = self.ceiling
-        if last_version > ceiling - CEILING_BLOCK // 2 and ceiling < VERSION_MAX:
-            # Never past VERSION_MAX: no version goes past it (queen/runtime/steps.py), and recovery
-            # refuses a log whose ceiling does.
-            ceiling = min(last_version + CEILING_BLOCK, VERSION_MAX)
-            marker: list = []
-            rec.ceiling(marker, ceiling)
-            data = encode_frame(marker, 0, 0)
-        data += encode_frame(items, first_version, last_version)
+    def _commit(self, items: list, first_version: int, last_version: int, raw: list[bytes]) -> bytes:
+        """Write and fsync a batch: raw frames as they are, then the frame of items (after a
+        ceiling frame when the ceiling needs renewing). Returns the bytes written."""
+        data = b"".join(raw) if raw else b""
+        ceiling = max(self.ceiling, self._raw_ceiling) if raw else self.ceiling
+        if items:
+            cap = self._ceiling_allowed  # at most VERSION_MAX
+            if last_version > ceiling - CEILING_BLOCK // 2 and ceiling < cap:
+                # Never past VERSION_MAX: no version goes past it (queen/runtime/steps.py), and recovery
+                # refuses a log whose ceiling does. Never past what the cluster reserved either.
+                ceiling = min(last_version + CEILING_BLOCK, cap)
+                marker: list = []
+                rec.ceiling(marker, ceiling)
+                data += encode_frame(marker, 0, 0)
+            data += encode_frame(items, first_version, last_version)
         started = time.perf_counter()
         self.disk.write(self._fd, data)
         self.disk.fsync(self._fd)
@@ -290,12 +386,13 @@ class WalWriter:
         self.fsync_histogram.observe(elapsed)
         self.frame_histogram.observe(len(data))
         self.batches += 1
-        self.records_written += last_version - first_version + 1 if last_version else 0
+        self.records_written += last_version - first_version + 1 if items and last_version else 0
         self.bytes_written += len(data)
         self._segment_bytes += len(data)
         self._bytes_since_snapshot += len(data)
         if self._cut_wanted or self._segment_bytes >= self.segment_bytes_max:
             self._cut_segment()
+        return data
 
     def _cut_segment(self) -> None:
         next_seq = self._segment_seq + 1

@@ -16,6 +16,7 @@ SAMPLES = [
     rec.Delete("app", "k", 8),
     rec.Ceiling(1 << 16),
     rec.SegmentCut(2),
+    rec.Epoch(7, "n1", 70_000, 69_999, T, T + 5000),
     rec.QueueSet(9, "orders", T, {"retryLimit": 3}),
     rec.QueueDelete(10, "orders"),
     rec.PartitionCreate(11, "orders", "p", T),

@@ -721,6 +721,14 @@ class QueueTable(Delivery):
         return {"leaseId": lease_id, "success": True, "expiresAt": lease.expires_at_ms,
                 "partitions": self._lease_partitions(queue, lease)}
 
+    def extend_leases(self, live_after_ms: int, until_ms: int) -> None:
+        """A new leader's epoch began (queen/core/state.py): every lease that ends after
+        live_after_ms but before until_ms now ends at until_ms. No record of its own: the epoch
+        record is replayed through here too."""
+        for _, _, lease in self.leases.values():
+            if live_after_ms < lease.expires_at_ms < until_ms:
+                self._apply_lease_extend(lease, until_ms)
+
     def _apply_lease_extend(self, lease: Lease, expires_at_ms: int) -> None:
         lease.expires_at_ms = expires_at_ms
         self.lease_wheel.add(lease.lease_id, expires_at_ms)
