@@ -80,6 +80,7 @@ MESSAGE_BYTES_MAX = 300 << 20  # a frame holds at most 256 MiB (queen/wal/frame.
 CHUNK_BYTES = 1 << 20  # catch-up frames and snapshot chunks per message
 QUEUED_BYTES_MAX = 64 << 20  # a follower further behind than this is dropped; it catches up from disk
 _LENGTH = struct.Struct(">I")
+_ITEMS = {HELLO: 6, DIVERGE: 3, SNAPSHOT: 5, FRAME: 7, HEARTBEAT: 4, ACK: 4, REFUSE: 2, PROBE: 4}  # at least
 
 
 class StreamEnded(Exception):
@@ -136,6 +137,8 @@ class MessageReader:
         message = cbor2.loads(body)
         if type(message) is not list or not message or type(message[0]) is not int:
             raise StreamEnded("not a replication message")
+        if len(message) < _ITEMS.get(message[0], 1):
+            raise StreamEnded(f"message {message[0]} is too short (a peer speaking an older protocol?)")
         return message
 
 
