@@ -12,6 +12,20 @@ acks. A follower acks nothing of an epoch before its promise of that epoch is du
 (and closes) any stream of a lower epoch than it promised: once a newer epoch exists, an older
 leader can never complete another answer.
 
+Reads (the read barrier). Every answer on the leader waits for durability (above); an answer
+whose call wrote nothing new to ship (a read, or a write that changed nothing: the writer hands
+these to read_barrier) also waits for a round trip that began after it arrived to be acked, in this
+epoch, by every member of the sync set: Raft's ReadIndex with the sync set for a majority. A
+deposed leader cannot get one (a node promises a newer epoch before it can lead it, and only a
+sync-set member can), so it never answers a read with data a newer leader may have changed. Every
+FRAME and PROBE the leader makes carries a round number, rising; a follower echoes the newest it
+received in its ACKs. A read is released once every sync-set member echoed a round newer than the
+newest made when it arrived. Frames flowing provide rounds; when none was made since the newest
+waiting read, a PROBE goes out at once (not at the heartbeat's pace), one for all the reads that
+arrived meanwhile, and none while the previous probe is still out (reads that arrived after it
+was made wait for the next). With an empty sync set only the check that this node still leads
+is left. A node that does not lead (or stepped down) answers reads 503 not_leader.
+
 A node whose log or memory may now differ from its leader's (it stepped down, its tail had to be
 cut, or it installed a snapshot) raises RestartNeeded from follow(): its files are already made
 right, and it must be started again (recovery rebuilds memory from them) before it follows.
@@ -21,15 +35,17 @@ big-endian length, then a CBOR array whose first item says what it is.
 
     follower -> leader
       HELLO     [1, cluster, node, promised_epoch, last_epoch, last_version]
-      ACK       [6, epoch, fsynced_version]
+      ACK       [6, epoch, fsynced_version, round]  round: the newest round received (0: none)
       REFUSE    [7, reason]                      the leader's epoch is older than promised; closes
     leader -> follower (after HELLO, one of DIVERGE, SNAPSHOT, or frames)
       DIVERGE   [2, epoch, truncate_to]          cut your log after this version, then come back
       SNAPSHOT  [3, epoch, chunk, more, history] the newest snapshot file in chunks (more: false on
                                                  the last); history: the epoch-history it covers
-      FRAME     [4, epoch, frames, last_version, commit_version, leader_time_ms]
-                                                 whole frames, as written (catch-up then live)
+      FRAME     [4, epoch, frames, last_version, commit_version, leader_time_ms, round]
+                                                 whole frames, as written (catch-up then live);
+                                                 acked once fsynced (at once if nothing was new)
       HEARTBEAT [5, epoch, leader_time_ms, commit_version]   every HEARTBEAT_S while idle
+      PROBE     [8, epoch, round, leader_time_ms]  reads wait: acked at once
       REFUSE    [7, reason]                      not leading, or a newer epoch was promised
 
 last_version is the highest version of a record in the log (not the ceiling); commit_version is
@@ -58,12 +74,13 @@ from queen.wal.snapshot import SNAPSHOT_HEADER, rebase_snapshot
 
 logger = logging.getLogger(__name__)
 
-HELLO, DIVERGE, SNAPSHOT, FRAME, HEARTBEAT, ACK, REFUSE = 1, 2, 3, 4, 5, 6, 7
+HELLO, DIVERGE, SNAPSHOT, FRAME, HEARTBEAT, ACK, REFUSE, PROBE = 1, 2, 3, 4, 5, 6, 7, 8
 HEARTBEAT_S = 0.1
 MESSAGE_BYTES_MAX = 300 << 20  # a frame holds at most 256 MiB (queen/wal/frame.py)
 CHUNK_BYTES = 1 << 20  # catch-up frames and snapshot chunks per message
 QUEUED_BYTES_MAX = 64 << 20  # a follower further behind than this is dropped; it catches up from disk
 _LENGTH = struct.Struct(">I")
+_ITEMS = {HELLO: 6, DIVERGE: 3, SNAPSHOT: 5, FRAME: 7, HEARTBEAT: 4, ACK: 4, REFUSE: 2, PROBE: 4}  # at least
 
 
 class StreamEnded(Exception):
@@ -120,6 +137,8 @@ class MessageReader:
         message = cbor2.loads(body)
         if type(message) is not list or not message or type(message[0]) is not int:
             raise StreamEnded("not a replication message")
+        if len(message) < _ITEMS.get(message[0], 1):
+            raise StreamEnded(f"message {message[0]} is too short (a peer speaking an older protocol?)")
         return message
 
 
@@ -174,6 +193,21 @@ class Replicator:
         self._promise_lock = trio.Lock()
         self._fsynced = 0  # follower: highest version fsynced in this stream
         self._ack_wanted = trio.Event()
+        self._round_seen = 0  # follower: the newest round received in this stream
+        # The read barrier (module docstring), on the leader.
+        self._round = 0  # the newest round number put on a FRAME or PROBE
+        self._broadcast_round = 0  # the newest one shipped to every link (a catch-up's are not)
+        self._round_acked: dict[str, int] = {}  # node -> the newest round it echoed in this epoch
+        self._reads: deque = deque()  # (self._round when it arrived, version, waiter), in arrival order
+        self._probe_round = 0  # the newest probe's
+        self._probe_force = False  # a sync member's link is new: what was on its way to it is lost
+        self._probe_wake = trio.Event()
+        self.probes_sent = 0
+        # Test-only: QUEEN_TEST_NO_READ_BARRIER=1 skips the round trip (reads wait for durability
+        # alone), the bug the failover checks must catch. Read once here (the cluster's test
+        # switches may later live in one module).
+        self._read_round_trip = os.environ.get("QUEEN_TEST_NO_READ_BARRIER", "") in ("", "0")
+        writer.read_barrier = self._read_barrier
         steps.standby = True  # no ticks until this node leads
 
     # -- state ------------------------------------------------------------------------------------
@@ -199,6 +233,9 @@ class Replicator:
         alone, the degraded mode)."""
         self._sync = frozenset(sync) - {self.node_id}
         self._release()
+        if self._reads:
+            self._probe_force = True  # a new member may have had nothing on its way
+            self._probe_wake.set()
 
     def followers(self) -> list[FollowerStatus]:
         local = self.writer.local_version
@@ -215,7 +252,12 @@ class Replicator:
         self.role = "none"
         self.steps.standby = True
         self.writer.replicate = None
-        self.writer.stop(not_leader(reason))
+        error = not_leader(reason)
+        self.writer.stop(error)
+        reads, self._reads = self._reads, deque()
+        for _, _, waiter in reads:
+            waiter.error = error
+            waiter.done.set()
         for link in list(self._links.values()):
             self._close_link(link)
 
@@ -234,6 +276,8 @@ class Replicator:
             raise not_leader(f"epoch {epoch} is not newer than this log's")
         self.role, self.epoch = "leader", epoch
         self._acked = {}
+        self._round_acked = {}
+        self._probe_round = 0
         self._sync = frozenset(sync) - {self.node_id}
         writer, versions = self.writer, self.state.versions
         versions.last = max(versions.last, writer.last_version, self.log_last, version_floor)
@@ -259,7 +303,10 @@ class Replicator:
             self.log_last = last_version
         if self.role != "leader":
             return
-        message = encode([FRAME, self.epoch, data, last_version, self.writer.durable_version, self.clock.now_ms()])
+        self._round += 1
+        self._broadcast_round = self._round
+        message = encode([FRAME, self.epoch, data, last_version, self.writer.durable_version, self.clock.now_ms(),
+                          self._round])
         for link in list(self._links.values()):
             link.queue.append((last_version, message))
             link.queued_bytes += len(message)
@@ -279,6 +326,65 @@ class Replicator:
             if acked < version:
                 version = acked
         self.writer.release(version)
+        if self._reads:
+            self._release_reads()
+
+    # -- the read barrier (module docstring) ---------------------------------------------------------
+
+    def _read_barrier(self, version: int, waiter) -> None:
+        """The writer's when_durable for a call with nothing left to ship (version <= fsynced
+        here). A call that wrote needs no more than durability: the frame of its records, made
+        after it, is its round trip."""
+        if self.role != "leader":
+            failed = self.writer.failed
+            waiter.error = failed if isinstance(failed, Unavailable) else not_leader("this node does not lead")
+            waiter.done.set()
+            return
+        self._reads.append((self._round, version, waiter))
+        self._release_reads()
+        if self._reads and not self._probe_wake.is_set():
+            self._probe_wake.set()
+
+    def _sync_round(self) -> int:
+        """The newest round every sync-set member echoed (no member: no round trip to wait for)."""
+        if not self._sync or not self._read_round_trip:
+            return self._round + 1
+        return min(self._round_acked.get(node, 0) for node in self._sync)
+
+    def _release_reads(self) -> None:
+        """Answer the waiting reads whose version is durable and whose round trip is done; both
+        rise in arrival order, so they go from the front."""
+        reads, durable, acked = self._reads, self.writer.durable_version, self._sync_round()
+        while reads:
+            after, version, waiter = reads[0]
+            if version > durable or after >= acked:
+                break
+            reads.popleft()
+            waiter.done.set()
+
+    async def _probe_when_reads_wait(self) -> None:
+        """Sends a PROBE when reads wait and nothing shipped since the newest of them will bring
+        their round trip, at the next pass of the event loop after it arrived (so the reads of
+        one pass share it), and not while the previous probe is still out (reads that came
+        after it was made wait for the next, one for all of them)."""
+        while True:
+            await self._probe_wake.wait()
+            self._probe_wake = trio.Event()
+            if self.role != "leader" or not self._reads or not self._sync or not self._read_round_trip:
+                continue
+            newest = self._reads[-1][0]
+            if self._probe_force or (self._broadcast_round <= newest and self._probe_round <= self._sync_round()):
+                self._probe_force = False
+                self._round += 1
+                self._probe_round = self._broadcast_round = self._round
+                self.probes_sent += 1
+                message = encode([PROBE, self.epoch, self._round, self.clock.now_ms()])
+                for node in self._sync:
+                    link = self._links.get(node)
+                    if link is not None:
+                        link.queue.append((0, message))
+                        link.queued_bytes += len(message)
+                        link.wake.set()
 
     def _close_link(self, link: _Link) -> None:
         link.closed = True
@@ -294,6 +400,7 @@ class Replicator:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(trio.serve_listeners, self._serve_one, listeners)
+                nursery.start_soon(self._probe_when_reads_wait)
                 task_status.started(self.port)
         finally:
             for listener in listeners:
@@ -344,6 +451,9 @@ class Replicator:
         if old is not None:
             self._close_link(old)
         self._links[node] = link
+        if self._reads and node in self._sync:
+            self._probe_force = True  # what was on its way to this node went with its old link
+            self._probe_wake.set()
         upto = self.log_last  # on disk; what is written after this comes through the queue
         logger.info("event=follower_joined node=%s epoch=%d from_version=%d", node, epoch, last_version)
         try:
@@ -364,8 +474,9 @@ class Replicator:
                                                             position)
             if not chunk:
                 break
+            self._round += 1
             await link.stream.send_all(encode([FRAME, self.epoch, chunk, last, self.writer.durable_version,
-                                               self.clock.now_ms()]))
+                                               self.clock.now_ms(), self._round]))
             sent = max(sent, last)
         return sent
 
@@ -392,9 +503,17 @@ class Replicator:
             while True:
                 message = await reader.next()
                 if message[0] == ACK and message[1] == self.epoch and self.role == "leader":
-                    if message[2] > self._acked.get(link.node, 0):
-                        self._acked[link.node] = message[2]
+                    node = link.node
+                    round_moved = message[3] > self._round_acked.get(node, 0)
+                    if round_moved:
+                        self._round_acked[node] = message[3]
+                    if message[2] > self._acked.get(node, 0):
+                        self._acked[node] = message[2]
                         self._release()
+                    elif round_moved and self._reads:
+                        self._release_reads()
+                    if round_moved and self._reads:
+                        self._probe_wake.set()  # the reads that came while the probe was out
                 elif message[0] == REFUSE:
                     logger.warning("event=follower_refused node=%s epoch=%d reason=%r", link.node, self.epoch,
                                    message[1])
@@ -430,6 +549,7 @@ class Replicator:
         self.steps.standby = True
         self._fsynced = self.log_last
         self._ack_wanted = trio.Event()
+        self._round_seen = 0
         self.writer.replicate = self._appended
         try:
             stream = await trio.open_tcp_stream(*address)
@@ -469,9 +589,16 @@ class Replicator:
                 await stream.send_all(encode([REFUSE, reason]))
                 raise StreamEnded(reason)
             if kind == FRAME:
-                _, _, data, _, _, leader_time_ms = message
-                self._heard(leader_time_ms)
-                self._append(data)
+                self._heard(message[5])
+                if message[6] > self._round_seen:
+                    self._round_seen = message[6]
+                if not self._append(message[2]):
+                    self._ack_wanted.set()  # nothing new to fsync: echo the round now
+            elif kind == PROBE:
+                self._heard(message[3])
+                if message[2] > self._round_seen:
+                    self._round_seen = message[2]
+                self._ack_wanted.set()
             elif kind == HEARTBEAT:
                 self._heard(message[2])
             elif kind == DIVERGE:
@@ -488,9 +615,9 @@ class Replicator:
         if leader_time_ms > self.clock_floor_ms:
             self.clock_floor_ms = leader_time_ms
 
-    def _append(self, data: bytes) -> None:
+    def _append(self, data: bytes) -> bool:
         """Apply the records of whole frames to memory and queue their bytes for the log, skipping
-        frames already here (catch-up overlaps what the leader ships live)."""
+        frames already here (catch-up overlaps what the leader ships live). False if all were."""
         view = memoryview(data)
         offset, keep, ceiling, last = 0, [], 0, 0
         state = self.state
@@ -517,10 +644,11 @@ class Replicator:
             keep.append(view[offset:end])
             offset = end
         if not keep:
-            return
+            return False
         if last > state.versions.last:
             state.versions.last = last
         self.writer.submit_frames(b"".join(keep), last, ceiling)
+        return True
 
     def _appended(self, data: bytes, last_version: int) -> None:
         """The writer's hook on a follower: these frames are fsynced here."""
@@ -531,15 +659,15 @@ class Replicator:
         self._ack_wanted.set()
 
     async def _send_acks(self, stream) -> None:
-        acked = -1
+        acked, round_acked = -1, 0
         while True:
             await self._ack_wanted.wait()
             self._ack_wanted = trio.Event()
             if len(self.history) != self._history_written:
                 await self._write_history()  # an epoch this log now holds, before it is acked
-            if self._fsynced != acked:
-                acked = self._fsynced
-                await stream.send_all(encode([ACK, self.epoch, acked]))
+            if self._fsynced != acked or self._round_seen != round_acked:
+                acked, round_acked = self._fsynced, self._round_seen
+                await stream.send_all(encode([ACK, self.epoch, acked, round_acked]))
 
     async def _write_history(self) -> None:
         entries = list(self.history)

@@ -18,7 +18,9 @@ sync set has acked: `durable_version` is min(fsynced here, acked by the sync set
 appends its leader's frames with `submit_frames`, unchanged, in the same segments. The version
 ceiling may be capped (`ceiling_allowed`, raised by the cluster's coordinator after reserving
 versions in etcd): a batch whose last version is above it waits, unwritten and unanswered, and
-`ceiling_wanted` is set whenever a renewal is cut short by the cap.
+`ceiling_wanted` is set whenever a renewal is cut short by the cap. On a cluster's node,
+`read_barrier` takes the waiters with nothing left to ship (version <= fsynced here: a read, or a
+write that changed nothing): the leader answers them only after a round trip to its sync set.
 
 Invariants:
   - versions rise across submits (asserted);
@@ -147,6 +149,7 @@ class WalWriter:
         self._ceiling_allowed = VERSION_MAX
         self._ceiling_raised = trio.Event()
         self.ceiling_wanted = trio.Event()
+        self.read_barrier = None  # a cluster's (module docstring); None on a single node
 
     @property
     def ceiling_allowed(self) -> int:
@@ -161,6 +164,7 @@ class WalWriter:
         self._ceiling_raised = trio.Event()
         if self.ceiling_wanted.is_set() and self._last_version + CEILING_BLOCK <= self._ceiling_allowed:
             self.ceiling_wanted = trio.Event()
+        self.read_barrier = None  # a cluster's (module docstring); None on a single node
 
     @property
     def last_version(self) -> int:
@@ -218,8 +222,10 @@ class WalWriter:
 
     def when_durable(self, version: int, waiter) -> None:
         """Set waiter.done once `version` is durable; with waiter.error if it never will be."""
-        if version <= self.durable_version:
+        if version <= self.durable_version and self.read_barrier is None:
             waiter.done.set()
+        elif self.read_barrier is not None and version <= self.local_version:
+            self.read_barrier(version, waiter)
         elif self.failed is not None:
             failed = self.failed
             waiter.error = failed if isinstance(failed, QueenError) else _unavailable(failed)

@@ -288,7 +288,7 @@ async def test_a_follower_refuses_frames_of_an_epoch_other_than_its_promise(tmp_
         async def fake_leader(stream):
             await stream.receive_some(65536)  # HELLO
             await stream.send_all(encode([HEARTBEAT, 2, 123, 0]))
-            await stream.send_all(encode([FRAME, 1, b"", 0, 0, 0]))
+            await stream.send_all(encode([FRAME, 1, b"", 0, 0, 0, 0]))
             got.append(await stream.receive_some(65536))
 
         nursery.start_soon(trio.serve_listeners, fake_leader, listeners)
