@@ -185,6 +185,8 @@ class Server:
         http = self.http = HttpServer(api, config,
                                       connections_allowed=connection_budget(config.connections_max),
                                       tls_context=tls_context)
+        # One connection open: no other request can join its frame, so it commits in its own task.
+        writer.alone = lambda: http.connections <= 1
 
         writer_done = trio.Event()
 

@@ -10,6 +10,12 @@ are fast, and in the disk thread once they are slow (bench/README.md, "Durabilit
 hand-off per frame costs more CPU than a fast fsync blocks the loop; a slow disk must not stall
 every connection. Snapshots always go to the thread.
 
+Who commits: the writer task, woken by a submit. Except for a lone client: a caller that brackets
+its steps with hold()/release() (the router) and finds, on release, the writer idle, commits inline
+and nobody else connected (`alone`, wired by the server), commits the frame itself, in its own
+task: the same frame, fsync and answers, without waking the writer and being woken back (two
+passes of trio's run loop a request). With more clients the writer gathers them as before.
+
 Invariants:
   - versions rise across submits (asserted);
   - before a frame goes to disk, a ceiling record at or above its last version is on disk in an
@@ -108,6 +114,14 @@ class WalWriter:
         self._inflight_waiters: list = []
         self._work = trio.Event()
         self._closing = False
+        self._idle = False  # the writer task is parked, waiting for work
+        self._holds = 0  # callers between hold() and release(): their submits wake nobody yet
+        self._wake_owed = False  # something was submitted under a hold
+        self._stopped = False  # a write or fsync failed: the writer task ends
+        self._nursery: trio.Nursery | None = None  # the writer's, for snapshots
+        # () -> bool: whether the caller releasing a hold is the only client, so no other request can
+        # join its frame (the server: one connection open). None: the writer task always commits.
+        self.alone = None
         self._segment_seq = next_segment
         self._fd: int | None = None
         self._segment_bytes = 0
@@ -120,6 +134,7 @@ class WalWriter:
         self.fsync_seconds_total = 0.0
         self.snapshots_written = 0
         self.inline_commits = 0
+        self.caller_commits = 0  # of those, frames a lone client committed in its own task (release)
         # Observed in _commit, where the fsync is timed anyway; it runs in the disk thread too, but
         # only one commit runs at a time and /metrics reads a copy.
         self.fsync_histogram = Histogram(FSYNC_SECONDS)
@@ -144,7 +159,28 @@ class WalWriter:
             self._first_version = first_version
         self._items += items
         self._last_version = last_version
-        if not self._work.is_set():
+        if self._holds:
+            self._wake_owed = True
+        elif not self._work.is_set():
+            self._work.set()
+
+    def hold(self) -> None:
+        """Submits from now until the matching release() wake the writer only at that release, which
+        may commit them in the caller's task instead. Always pair with release() (try/finally)."""
+        self._holds += 1
+
+    def release(self) -> None:
+        """End a hold: commit what was submitted under it here when the caller is alone and the writer
+        idle and committing inline; else wake the writer, as a submit would have."""
+        self._holds -= 1
+        if self._holds or not self._wake_owed:
+            return
+        self._wake_owed = False
+        if self._idle and self._inline and self._items and self.failed is None and not self._closing \
+                and self.alone is not None and self.alone():
+            self.caller_commits += 1
+            self._commit_here()
+        elif not self._work.is_set():
             self._work.set()
 
     def when_durable(self, version: int, waiter) -> None:
@@ -166,46 +202,76 @@ class WalWriter:
         self._fd = await self._run_blocking(self._create_segment, self._segment_seq)
         self._segment_bytes = len(file_header())
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             task_status.started()
             while True:
+                if self._stopped:
+                    return
                 if not self._items:
                     if self._closing:
                         break
-                    await self._work.wait()
+                    self._idle = True
+                    try:
+                        await self._work.wait()
+                    finally:
+                        self._idle = False
                     self._work = trio.Event()
                     continue
                 await self._gather()
-                items, waiters = self._items, self._waiters
-                first, last = self._first_version, self._last_version
-                self._items, self._waiters = [], []
-                self._inflight_last, self._inflight_waiters = last, waiters
-                captured = None
-                if (self._capture_state is not None and not self._snapshot_running
-                        and self._bytes_since_snapshot >= self.snapshot_wal_bytes):
-                    captured = self._capture_state()  # state exactly at `last`: no await since
-                    self._cut_wanted = True
+                if self._inline:
+                    self._commit_here()
+                    continue
+                items, waiters, first, last, captured = self._take_batch()
                 try:
-                    if self._inline:
-                        self.inline_commits += 1
-                        self._commit(items, first, last)
-                    else:
-                        await self._run_blocking(self._commit, items, first, last)
+                    await self._run_blocking(self._commit, items, first, last)
                 except OSError as error:
                     self._fail(error)
                     return
-                self.durable_version = last
-                for waiter in waiters:
-                    waiter.done.set()
-                if captured is not None:
-                    if self._cut_wanted:  # the new segment could not be opened: snapshot later
-                        self._bytes_since_snapshot = self.snapshot_wal_bytes
-                    else:
-                        self._bytes_since_snapshot = 0
-                        self._snapshot_running = True
-                        nursery.start_soon(self._write_snapshot, last, self.ceiling, self._segment_seq, captured)
-                if self._inline_allowed:
-                    self._choose_where_to_commit()
+                self._finish_batch(last, waiters, captured)
         await self._run_blocking(self._close_segment)
+
+    def _take_batch(self) -> tuple:
+        """What is buffered, as the next frame: (items, waiters, first, last, captured state)."""
+        items, waiters = self._items, self._waiters
+        first, last = self._first_version, self._last_version
+        self._items, self._waiters = [], []
+        self._inflight_last, self._inflight_waiters = last, waiters
+        captured = None
+        if (self._capture_state is not None and not self._snapshot_running
+                and self._bytes_since_snapshot >= self.snapshot_wal_bytes):
+            captured = self._capture_state()  # state exactly at `last`: no await since
+            self._cut_wanted = True
+        return items, waiters, first, last, captured
+
+    def _commit_here(self) -> None:
+        """Commit what is buffered on the event loop, in the calling task (the writer's, or a lone
+        client's: release()), and answer its waiters."""
+        items, waiters, first, last, captured = self._take_batch()
+        self.inline_commits += 1
+        try:
+            self._commit(items, first, last)
+        except OSError as error:
+            self._fail(error)
+            self._stopped = True
+            self._work.set()  # the writer task ends, as after a failure of its own commit
+            return
+        self._finish_batch(last, waiters, captured)
+
+    def _finish_batch(self, last: int, waiters: list, captured) -> None:
+        """A frame is durable: answer its waiters, start a snapshot if one was captured."""
+        self.durable_version = last
+        for waiter in waiters:
+            waiter.done.set()
+        if captured is not None:
+            if self._cut_wanted:  # the new segment could not be opened: snapshot later
+                self._bytes_since_snapshot = self.snapshot_wal_bytes
+            else:
+                self._bytes_since_snapshot = 0
+                self._snapshot_running = True
+                assert self._nursery is not None
+                self._nursery.start_soon(self._write_snapshot, last, self.ceiling, self._segment_seq, captured)
+        if self._inline_allowed:
+            self._choose_where_to_commit()
 
     async def _gather(self) -> None:
         """Let work already under way join this frame: while other tasks are ready to run (each
