@@ -61,6 +61,13 @@ logger = logging.getLogger(__name__)
 # Measured on an ext4 disk doing 6,000 fdatasyncs/s: inline at 0.3-0.5 ms per commit still costs
 # 20% less CPU per request than the thread's hand-offs, and serves more requests per second.
 INLINE_FSYNC_S_MAX = 0.002
+# But an inline commit stalls every connection for as long as its fsync takes: one that took
+# longer than INLINE_STALL_S_MAX moves commits to the thread at once, whatever the mean, and
+# they stay there at least THREAD_HOLD_S. On a disk whose fsyncs jitter (0.3 ms, then 10), the mean
+# alone flipped back and forth several times a second and each flip back stalled the loop again:
+# the p99 of push-to-delivery latency was those stalls (bench/README.md, "queue-latency").
+INLINE_STALL_S_MAX = 0.005
+THREAD_HOLD_S = 5.0
 _EWMA_WEIGHT = 0.2
 # How many passes of the run loop a commit waits, at most, for work under way to join its frame.
 GATHER_PASSES_MAX = 4
@@ -97,6 +104,7 @@ class WalWriter:
         self._inline_allowed = inline_allowed
         self._inline = inline_allowed
         self._fsync_mean_s = 0.0
+        self._thread_since_s = 0.0  # when commits last moved to the thread (time.monotonic)
         self.fsync_last_s = 0.0
         self.durable_version = durable_version
         self.ceiling = ceiling  # the highest ceiling on disk
@@ -271,7 +279,7 @@ class WalWriter:
                 assert self._nursery is not None
                 self._nursery.start_soon(self._write_snapshot, last, self.ceiling, self._segment_seq, captured)
         if self._inline_allowed:
-            self._choose_where_to_commit()
+            self._choose_where_to_commit(time.monotonic())
 
     async def _gather(self) -> None:
         """Let work already under way join this frame: while other tasks are ready to run (each
@@ -287,11 +295,15 @@ class WalWriter:
         self._closing = True
         self._work.set()
 
-    def _choose_where_to_commit(self) -> None:
-        if self._inline and self._fsync_mean_s > INLINE_FSYNC_S_MAX:
-            self._inline = False
-            logger.info("event=wal_commits_to_thread fsync_mean_ms=%.3f", self._fsync_mean_s * 1000)
-        elif not self._inline and self._fsync_mean_s < INLINE_FSYNC_S_MAX / 2:
+    def _choose_where_to_commit(self, now_s: float) -> None:
+        """After each commit: inline or in the thread from now on (the constants above say why)."""
+        if self._inline:
+            if self._fsync_mean_s > INLINE_FSYNC_S_MAX or self.fsync_last_s > INLINE_STALL_S_MAX:
+                self._inline = False
+                self._thread_since_s = now_s
+                logger.info("event=wal_commits_to_thread fsync_mean_ms=%.3f fsync_last_ms=%.3f",
+                            self._fsync_mean_s * 1000, self.fsync_last_s * 1000)
+        elif self._fsync_mean_s < INLINE_FSYNC_S_MAX / 2 and now_s - self._thread_since_s >= THREAD_HOLD_S:
             self._inline = True
             logger.info("event=wal_commits_inline fsync_mean_ms=%.3f", self._fsync_mean_s * 1000)
 
