@@ -355,6 +355,9 @@ def main(argv=None) -> None:
                                     "--tenant", "bench", "--auth-file", auth_file], capture_output=True, text=True,
                                    check=True).stdout.strip()
         wal_dir = os.path.join(data_dir, "data")
+        from queen.runtime import server as server_module
+        if hasattr(server_module, "settle_collector"):
+            server_module.settle_collector()  # as `queen serve` does, once its modules are imported
         trio.run(drive, args, wal_dir, auth_file, token)
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
