@@ -61,11 +61,12 @@ logger = logging.getLogger(__name__)
 # Measured on an ext4 disk doing 6,000 fdatasyncs/s: inline at 0.3-0.5 ms per commit still costs
 # 20% less CPU per request than the thread's hand-offs, and serves more requests per second.
 INLINE_FSYNC_S_MAX = 0.002
-# But an inline commit stalls every connection for as long as its fsync takes: one that took
-# longer than INLINE_STALL_S_MAX moves commits to the thread at once, whatever the mean, and
-# they stay there at least THREAD_HOLD_S. On a disk whose fsyncs jitter (0.3 ms, then 10), the mean
-# alone flipped back and forth several times a second and each flip back stalled the loop again:
-# the p99 of push-to-delivery latency was those stalls (bench/README.md, "queue-latency").
+# But an inline commit stalls every connection for as long as its fsync takes: with other clients
+# connected, one that took longer than INLINE_STALL_S_MAX moves commits to the thread at once,
+# whatever the mean, and they stay there at least THREAD_HOLD_S. On a disk whose fsyncs jitter
+# (0.3 ms, then 10), the mean alone flipped back and forth several times a second and each flip
+# back stalled the loop again (bench/README.md, "queue-latency"). A lone client (`alone`) waits for
+# that fsync anyway and nobody else is stalled: for it the mean alone decides, as the CPU prefers.
 INLINE_STALL_S_MAX = 0.005
 THREAD_HOLD_S = 5.0
 _EWMA_WEIGHT = 0.2
@@ -279,7 +280,7 @@ class WalWriter:
                 assert self._nursery is not None
                 self._nursery.start_soon(self._write_snapshot, last, self.ceiling, self._segment_seq, captured)
         if self._inline_allowed:
-            self._choose_where_to_commit(time.monotonic())
+            self._choose_where_to_commit(time.monotonic(), self.alone is not None and self.alone())
 
     async def _gather(self) -> None:
         """Let work already under way join this frame: while other tasks are ready to run (each
@@ -295,15 +296,16 @@ class WalWriter:
         self._closing = True
         self._work.set()
 
-    def _choose_where_to_commit(self, now_s: float) -> None:
-        """After each commit: inline or in the thread from now on (the constants above say why)."""
+    def _choose_where_to_commit(self, now_s: float, alone: bool) -> None:
+        """After each commit: inline or in the thread from now on (the constants above say why);
+        `alone`: one client connected, whom a stalled loop costs nothing."""
         if self._inline:
-            if self._fsync_mean_s > INLINE_FSYNC_S_MAX or self.fsync_last_s > INLINE_STALL_S_MAX:
+            if self._fsync_mean_s > INLINE_FSYNC_S_MAX or (self.fsync_last_s > INLINE_STALL_S_MAX and not alone):
                 self._inline = False
-                self._thread_since_s = now_s
+                self._thread_since_s = now_s if not alone else now_s - THREAD_HOLD_S
                 logger.info("event=wal_commits_to_thread fsync_mean_ms=%.3f fsync_last_ms=%.3f",
                             self._fsync_mean_s * 1000, self.fsync_last_s * 1000)
-        elif self._fsync_mean_s < INLINE_FSYNC_S_MAX / 2 and now_s - self._thread_since_s >= THREAD_HOLD_S:
+        elif self._fsync_mean_s < INLINE_FSYNC_S_MAX / 2 and (alone or now_s - self._thread_since_s >= THREAD_HOLD_S):
             self._inline = True
             logger.info("event=wal_commits_inline fsync_mean_ms=%.3f", self._fsync_mean_s * 1000)
 
