@@ -259,7 +259,12 @@ class WalWriter:
         self.inline_commits += 1
         try:
             self._commit(items, first, last)
-        except OSError as error:
+        except Exception as error:
+            # A disk error; or a bug (say, a record that does not encode), which in a lone
+            # client's task must not leave the batch's versions out of the log while later frames
+            # go on: either way nothing more is written or acknowledged.
+            if not isinstance(error, OSError):
+                logger.exception("event=commit_failed action=refusing_writes")
             self._fail(error)
             self._stopped = True
             self._work.set()  # the writer task ends, as after a failure of its own commit
