@@ -114,7 +114,63 @@ def kv_get(connection: int, auth: bytes, ops: int = 1):
         for i in range(64)])
 
 
-WORKLOADS = {"lock-cycle": lock_cycle, "kv-put": kv_put, "kv-get": kv_get}
+def txn_step(connection: int, auth: bytes, ops: int = 1):
+    """A workflow step as the bench's txn-step makes it (bench/queue_sessions.py, QueenTxnStep): pop
+    up to `ops` messages of the preloaded queue, then one transaction that acks them, pushes each
+    one's successor to the next queue and puts a KV row per message. Two requests a step."""
+    from bench.queue_sessions import PAYLOAD, TXN_NS, next_queue_name, queue_name
+    queue, next_queue = queue_name(TXN_TAG), next_queue_name(TXN_TAG)
+    pop = (b"GET /api/v1/pop/queue/%s?batch=%d HTTP/1.1\r\nhost: %s\r\n%s\r\n"
+           % (queue.encode(), ops, HOST.encode(), auth))
+    keys = [[f"c{connection}-{g}-{i}" for i in range(ops)] for g in range(16)]
+    position = 0
+
+    async def one(client: _Client) -> int:
+        nonlocal position
+        doc = orjson.loads(await client.call(pop))
+        messages = doc.get("messages") or []
+        if not doc.get("success") or not messages:
+            raise RuntimeError(f"the pop found nothing (preload too small?): {doc!r:.300}")
+        partition_id, lease_id = doc["partitionId"], doc["leaseId"]
+        txn = {
+            "ack": [{"partitionId": partition_id, "leaseId": lease_id, "transactionId": m["transactionId"]}
+                    for m in messages],
+            "push": [{"queue": next_queue, "partition": m["partition"], "transactionId": f"{m['transactionId']}-next",
+                      "payload": PAYLOAD} for m in messages],
+            "kv": [{"op": "put", "ns": TXN_NS, "key": key, "value": {"step": 2, "from": m["transactionId"]},
+                    "forever": True} for key, m in zip(keys[position], messages, strict=False)],
+        }
+        position = (position + 1) % len(keys)
+        answer = await client.call(_request("/api/v1/transaction", orjson.dumps(txn), auth))
+        if not answer.startswith(b'{"success":true'):
+            raise RuntimeError(f"transaction failed: {answer[:300]!r}")
+        return 2
+    return one
+
+
+def txn_step_setup(messages: int, auth: bytes) -> list[bytes]:
+    """The queues a txn-step run uses, and `messages` messages over 64 partitions."""
+    from bench.queue_sessions import (
+        LEASE_SECONDS,
+        PARTITIONS,
+        PAYLOAD,
+        QUEUE_MAX_SIZE,
+        next_queue_name,
+        partition_name,
+        queue_name,
+    )
+    queue = queue_name(TXN_TAG)
+    out = [_request("/api/v1/configure", orjson.dumps({"queue": name, "options": {
+        "leaseTimeSeconds": LEASE_SECONDS, "maxSize": QUEUE_MAX_SIZE}}), auth) for name in (queue, next_queue_name(TXN_TAG))]
+    for start in range(0, messages, 1000):
+        items = [{"queue": queue, "partition": partition_name(m % PARTITIONS), "payload": PAYLOAD,
+                  "transactionId": f"pre-{m}"} for m in range(start, min(start + 1000, messages))]
+        out.append(_request("/api/v1/push", orjson.dumps({"items": items}), auth))
+    return out
+
+
+TXN_TAG = "reqcost"
+WORKLOADS = {"lock-cycle": lock_cycle, "kv-put": kv_put, "kv-get": kv_get, "txn-step": txn_step}
 
 
 def _callgrind(command: str) -> None:
@@ -149,6 +205,12 @@ async def drive(args, data_dir: str, auth_file: str, token: str | None) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setblocking(False)
             clients.append((_Client(sock), WORKLOADS[args.workload](c, auth, args.ops)))
+        if args.workload == "txn-step":
+            # Every step takes up to `ops` messages (a pop takes one partition's): enough for all,
+            # with a partition's worth to spare for each connection.
+            steps = (args.warmup + args.requests) // 2 + args.connections
+            for setup in txn_step_setup(steps * args.ops + 64 * args.ops, auth):
+                await clients[0][0].call(setup)
 
         async def run(count: int) -> int:
             done = 0
@@ -293,6 +355,9 @@ def main(argv=None) -> None:
                                     "--tenant", "bench", "--auth-file", auth_file], capture_output=True, text=True,
                                    check=True).stdout.strip()
         wal_dir = os.path.join(data_dir, "data")
+        from queen.runtime import server as server_module
+        if hasattr(server_module, "settle_collector"):
+            server_module.settle_collector()  # as `queen serve` does, once its modules are imported
         trio.run(drive, args, wal_dir, auth_file, token)
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import gc
 import logging
 import os
 import signal
@@ -109,13 +108,13 @@ def serve_broker(config: Config) -> int:
 
         from queen.http.tls import TlsSetupError
         from queen.runtime.notify import Notifier
-        from queen.runtime.server import DataDirBusy, Server
+        from queen.runtime.server import DataDirBusy, Server, settle_collector
     except ModuleNotFoundError as missing:
         return server_dependencies_missing("serve", missing)
 
     # Everything imported so far lives as long as the process: out of the cyclic GC's sight, a
     # full collection walks only what the server builds, not the modules under it.
-    gc.freeze()
+    settle_collector()
     server = Server(config, notifier=Notifier.from_environ())
 
     async def watch_signals():

@@ -20,6 +20,7 @@ import struct
 from typing import NamedTuple, NoReturn
 
 import orjson
+from orjson import Fragment
 
 from queen.core import names
 from queen.core import records as rec
@@ -96,6 +97,22 @@ def decode_value(packed: bytes):
     """A packed row's value. Lossless: no stored value holds a {"$bytes": ...} object, so every
     one in the JSON is a byte string."""
     raw = packed[HEAD_BYTES:]
+    value = _loads(raw)
+    return decode_json_bytes(value) if _BYTES_MARKER in raw else value
+
+
+def shown_value(packed: bytes):
+    """A packed row's value as an answer shows it: its stored JSON as it is, an orjson.Fragment that
+    the answer's encoding splices in (byte strings are already in their JSON form there), so a read
+    decodes nothing. A CBOR answer decodes it (queen/http/codec.py)."""
+    return Fragment(packed[HEAD_BYTES:])
+
+
+def value_of(shown):
+    """The value behind what a read answered (shown_value's Fragment), for the server's own readers."""
+    if type(shown) is not Fragment:
+        return shown
+    raw = _dumps(shown)
     value = _loads(raw)
     return decode_json_bytes(value) if _BYTES_MARKER in raw else value
 
@@ -385,7 +402,7 @@ def _item(packed: bytes | None) -> dict:
     if packed is None:
         return {"found": False, "value": None, "version": 0, "expiresAt": None}
     version, _, _, _, expires_at_ms = _head_of(packed)
-    return {"found": True, "value": decode_value(packed), "version": version, "expiresAt": expires_at_ms or None}
+    return {"found": True, "value": shown_value(packed), "version": version, "expiresAt": expires_at_ms or None}
 
 
 def _missed(reason: str, packed: bytes | None) -> dict:
@@ -543,7 +560,7 @@ class KvState:
         if packed is None:
             return {"found": False, "value": None, "version": 0, "expiresAt": None, "key": key}
         version, _, _, updated_at_ms, expires_at_ms = _head_of(packed)
-        return {"found": True, "value": decode_value(packed), "version": version, "expiresAt": expires_at_ms or None,
+        return {"found": True, "value": shown_value(packed), "version": version, "expiresAt": expires_at_ms or None,
                 "key": key, "updatedAt": updated_at_ms}
 
     def _get_many(self, op: KvOp, now_ms: int, records: list) -> dict:
@@ -577,7 +594,7 @@ class KvState:
             if op.keys_only:
                 item = {"key": key, "version": version, "expiresAt": expires_at_ms or None}
             else:
-                item = {"key": key, "value": decode_value(packed), "version": version, "expiresAt": expires_at_ms or None}
+                item = {"key": key, "value": shown_value(packed), "version": version, "expiresAt": expires_at_ms or None}
             if op.detail:
                 item["createVersion"] = create_version
                 item["createdAt"] = created_at_ms

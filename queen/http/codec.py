@@ -36,14 +36,18 @@ def decode_body(body: bytes, content_type: bytes):
     return document
 
 
+def _cbor_default(encoder, value) -> None:
+    """A stored value kept as its JSON encoding (an orjson.Fragment: a queue message's payload, a KV
+    row's value), opaque to cbor2: decoded here, byte strings restored."""
+    if type(value) is not orjson.Fragment:
+        raise cbor2.CBOREncodeError(f"cannot encode {type(value).__name__}")
+    raw = orjson.dumps(value)
+    plain = orjson.loads(raw)
+    encoder.encode(decode_json_bytes(plain) if may_hold_bytes(raw) else plain)
+
+
 def encode_body(document, wants_cbor: bool) -> tuple[bytes, bytes]:
     """(body, content type)."""
     if wants_cbor:
-        try:
-            return cbor2.dumps(document), CBOR
-        except cbor2.CBOREncodeError:
-            # A queue message's payload is kept as its JSON encoding (an orjson.Fragment, opaque to
-            # cbor2): through JSON and back, byte strings restored.
-            plain = decode_json_bytes(orjson.loads(orjson.dumps(document, default=json_default)))
-            return cbor2.dumps(plain), CBOR
+        return cbor2.dumps(document, default=_cbor_default), CBOR
     return orjson.dumps(document, default=json_default), JSON

@@ -18,7 +18,7 @@ import trio
 
 from queen.auth import QUOTAS
 from queen.core import tenants
-from queen.core.kv import KvOp
+from queen.core.kv import KvOp, value_of
 from queen.errors import QueenError, Unavailable
 
 logger = logging.getLogger("queen.audit")
@@ -187,7 +187,7 @@ class Tenancy:
                 continue
             op = KvOp("get", tenants.prefix_of(tenant) + tenants.SETTINGS_NS, PAUSE_KEY)
             [row] = await self.router.run_kv([op], False)
-            value = row["value"] if row["found"] else None
+            value = value_of(row["value"]) if row["found"] else None
             value = value if isinstance(value, dict) else {}
             self.paused[tenant] = {area: value[area] for area in AREAS if value.get(area) in (OPERATOR, ADMIN)}
         self._refresh()

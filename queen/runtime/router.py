@@ -302,7 +302,12 @@ class Router:
         if step.txn.writes() or op is not None:
             self.refuse_writes_if_unavailable()
         call = step.reply_to
-        self.steps.run(step)
+        writer = self.writer
+        writer.hold()
+        try:
+            self.steps.run(step)
+        finally:
+            writer.unhold()
         if op is None:
             return (await call.result())[0]
         if op.wait_ms and wait_gone is not None and call.parts_left:  # a watcher only when parked
@@ -332,13 +337,26 @@ class Router:
         return {"items": items, "cursor": page["cursor"]}
 
     async def _send_parts(self, parts: dict[int, list]) -> None:
-        for shard, items in parts.items():
-            await self._send(shard, items)
+        """Every part applied, then one unhold: a lone client's call commits once, in its task."""
+        writer = self.writer
+        writer.hold()
+        try:
+            for shard, items in parts.items():
+                self.actors[shard].apply(items)
+        finally:
+            writer.unhold()
 
     async def _send(self, shard: int, message) -> None:
         """Apply a message on its shard now, in this task (queen/runtime/shard_actor.py): no task
-        switch into an actor and back. Kept async so callers need not change."""
-        self.actors[shard].apply(message)
+        switch into an actor and back. Kept async so callers need not change. Under a hold of the
+        writer: when this client is alone, its frame is committed here, before the call waits
+        (queen/wal/writer.py, unhold)."""
+        writer = self.writer
+        writer.hold()
+        try:
+            self.actors[shard].apply(message)
+        finally:
+            writer.unhold()
 
 
 _ADMIN_WRITES = frozenset(("requeue", "purge", "delete", "delete_group", "delete_group_everywhere"))

@@ -22,6 +22,13 @@ versions in etcd): a batch whose last version is above it waits, unwritten and u
 `read_barrier` takes the waiters with nothing left to ship (version <= fsynced here: a read, or a
 write that changed nothing): the leader answers them only after a round trip to its sync set.
 
+Who commits: the writer task, woken by a submit. Except for a lone client on a single node: a caller
+that brackets its steps with hold()/unhold() (the router) and finds, on unhold, the writer idle,
+committing inline, nothing to replicate and nobody else connected (`alone`, wired by the server),
+commits the frame itself, in its own task: the same frame, fsync and answers, without waking the
+writer and being woken back (two passes of trio's run loop a request). With more clients the
+writer gathers them as before.
+
 Invariants:
   - versions rise across submits (asserted);
   - no waiter is released before its version is fsynced here and, while `replicate` is set,
@@ -70,6 +77,14 @@ logger = logging.getLogger(__name__)
 # Measured on an ext4 disk doing 6,000 fdatasyncs/s: inline at 0.3-0.5 ms per commit still costs
 # 20% less CPU per request than the thread's hand-offs, and serves more requests per second.
 INLINE_FSYNC_S_MAX = 0.002
+# But an inline commit stalls every connection for as long as its fsync takes: with other clients
+# connected, one that took longer than INLINE_STALL_S_MAX moves commits to the thread at once,
+# whatever the mean, and they stay there at least THREAD_HOLD_S. On a disk whose fsyncs jitter
+# (0.3 ms, then 10), the mean alone flipped back and forth several times a second and each flip
+# back stalled the loop again (bench/README.md, "queue-latency"). A lone client (`alone`) waits for
+# that fsync anyway and nobody else is stalled: for it the mean alone decides, as the CPU prefers.
+INLINE_STALL_S_MAX = 0.005
+THREAD_HOLD_S = 5.0
 _EWMA_WEIGHT = 0.2
 # How many passes of the run loop a commit waits, at most, for work under way to join its frame.
 GATHER_PASSES_MAX = 4
@@ -106,6 +121,7 @@ class WalWriter:
         self._inline_allowed = inline_allowed
         self._inline = inline_allowed
         self._fsync_mean_s = 0.0
+        self._thread_since_s = 0.0  # when commits last moved to the thread (time.monotonic)
         self.fsync_last_s = 0.0
         self.durable_version = durable_version
         self.ceiling = ceiling  # the highest ceiling on disk
@@ -123,6 +139,14 @@ class WalWriter:
         self._inflight_waiters: list = []
         self._work = trio.Event()
         self._closing = False
+        self._idle = False  # the writer task is parked, waiting for work
+        self._holds = 0  # callers between hold() and unhold(): their submits wake nobody yet
+        self._wake_owed = False  # something was submitted under a hold
+        self._stopped = False  # a write or fsync failed: the writer task ends
+        self._nursery: trio.Nursery | None = None  # the writer's, for snapshots
+        # () -> bool: whether the caller releasing a hold is the only client, so no other request can
+        # join its frame (the server: one connection open). None: the writer task always commits.
+        self.alone = None
         self._segment_seq = next_segment
         self._fd: int | None = None
         self._segment_bytes = 0
@@ -135,6 +159,7 @@ class WalWriter:
         self.fsync_seconds_total = 0.0
         self.snapshots_written = 0
         self.inline_commits = 0
+        self.caller_commits = 0  # of those, frames a lone client committed in its own task (unhold)
         # Observed in _commit, where the fsync is timed anyway; it runs in the disk thread too, but
         # only one commit runs at a time and /metrics reads a copy.
         self.fsync_histogram = Histogram(FSYNC_SECONDS)
@@ -164,7 +189,6 @@ class WalWriter:
         self._ceiling_raised = trio.Event()
         if self.ceiling_wanted.is_set() and self._last_version + CEILING_BLOCK <= self._ceiling_allowed:
             self.ceiling_wanted = trio.Event()
-        self.read_barrier = None  # a cluster's (module docstring); None on a single node
 
     @property
     def last_version(self) -> int:
@@ -190,7 +214,30 @@ class WalWriter:
             self._first_version = first_version
         self._items += items
         self._last_version = last_version
-        if not self._work.is_set():
+        if self._holds:
+            self._wake_owed = True
+        elif not self._work.is_set():
+            self._work.set()
+
+    def hold(self) -> None:
+        """Submits from now until the matching unhold() wake the writer only at that unhold, which
+        may commit them in the caller's task instead. Always pair with unhold() (try/finally)."""
+        self._holds += 1
+
+    def unhold(self) -> None:
+        """End a hold: commit what was submitted under it here when the caller is alone, the node
+        single (nothing to replicate or wait for) and the writer idle and committing inline; else wake
+        the writer, as a submit would have."""
+        self._holds -= 1
+        if self._holds or not self._wake_owed:
+            return
+        self._wake_owed = False
+        if self._idle and self._inline and self._items and self.failed is None and not self._closing \
+                and self.replicate is None and self._ceiling_allowed == VERSION_MAX \
+                and self.alone is not None and self.alone():
+            self.caller_commits += 1
+            self._commit_here()
+        elif not self._work.is_set():
             self._work.set()
 
     def submit_frames(self, data: bytes, last_version: int, ceiling: int) -> None:
@@ -242,59 +289,96 @@ class WalWriter:
         self._fd = await self._run_blocking(self._create_segment, self._segment_seq)
         self._segment_bytes = len(file_header())
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             task_status.started()
             while True:
+                if self._stopped:
+                    return
                 if not self._items and not self._raw:
                     if self._closing:
                         break
-                    await self._work.wait()
+                    self._idle = True
+                    try:
+                        await self._work.wait()
+                    finally:
+                        self._idle = False
                     self._work = trio.Event()
                     continue
                 await self._gather()
-                items, waiters, raw = self._items, self._waiters, self._raw
-                first, last = self._first_version, self._last_version
-                self._items, self._waiters, self._raw = [], [], []
-                self._inflight_last, self._inflight_waiters = last, waiters
-                if items and last + CEILING_BLOCK > self._ceiling_allowed:
+                if self._items and self._last_version + CEILING_BLOCK > self._ceiling_allowed:
                     self.ceiling_wanted.set()
-                    while last > self._ceiling_allowed and self.failed is None:
-                        await self._ceiling_raised.wait()
+                    while self._last_version > self._ceiling_allowed and self.failed is None:
+                        await self._ceiling_raised.wait()  # submits meanwhile join this batch
                     if self.failed is not None:
                         continue  # stopped meanwhile: its waiters were answered
-                written = last if items else self._raw_last
-                captured = None
-                if (self._capture_state is not None and not self._snapshot_running
-                        and self._bytes_since_snapshot >= self.snapshot_wal_bytes):
-                    captured = self._capture_state()  # state exactly at `written`: no await since
-                    self._cut_wanted = True
+                if self._inline:
+                    self._commit_here()
+                    continue
+                batch = self._take_batch()
                 try:
-                    if self._inline:
-                        self.inline_commits += 1
-                        data = self._commit(items, first, last, raw)
-                    else:
-                        data = await self._run_blocking(self._commit, items, first, last, raw)
+                    data = await self._run_blocking(self._commit, batch[0], batch[2], batch[3], batch[4])
                 except OSError as error:
                     self._fail(error)
                     return
-                if written > self.local_version:
-                    self.local_version = written
-                if self.replicate is None:
-                    self.durable_version = last
-                    for waiter in waiters:
-                        waiter.done.set()
-                else:
-                    self._held.append((last, waiters))
-                    self.replicate(data, written)
-                if captured is not None:
-                    if self._cut_wanted:  # the new segment could not be opened: snapshot later
-                        self._bytes_since_snapshot = self.snapshot_wal_bytes
-                    else:
-                        self._bytes_since_snapshot = 0
-                        self._snapshot_running = True
-                        nursery.start_soon(self._write_snapshot, written, self.ceiling, self._segment_seq, captured)
-                if self._inline_allowed:
-                    self._choose_where_to_commit()
+                self._finish_batch(data, batch[0], batch[1], batch[3], batch[5])
         await self._run_blocking(self._close_segment)
+
+    def _take_batch(self) -> tuple:
+        """What is buffered, as the next frame: (items, waiters, first, last, raw frames, captured
+        state)."""
+        items, waiters, raw = self._items, self._waiters, self._raw
+        first, last = self._first_version, self._last_version
+        self._items, self._waiters, self._raw = [], [], []
+        self._inflight_last, self._inflight_waiters = last, waiters
+        captured = None
+        if (self._capture_state is not None and not self._snapshot_running
+                and self._bytes_since_snapshot >= self.snapshot_wal_bytes):
+            captured = self._capture_state()  # state exactly at what this batch writes: no await since
+            self._cut_wanted = True
+        return items, waiters, first, last, raw, captured
+
+    def _commit_here(self) -> None:
+        """Commit what is buffered on the event loop, in the calling task (the writer's, or a lone
+        client's: unhold()), and answer its waiters (or hand them to replication)."""
+        items, waiters, first, last, raw, captured = self._take_batch()
+        self.inline_commits += 1
+        try:
+            data = self._commit(items, first, last, raw)
+        except Exception as error:
+            # A disk error; or a bug (say, a record that does not encode), which in a lone
+            # client's task must not leave the batch's versions out of the log while later frames
+            # go on: either way nothing more is written or acknowledged.
+            if not isinstance(error, OSError):
+                logger.exception("event=commit_failed action=refusing_writes")
+            self._fail(error)
+            self._stopped = True
+            self._work.set()  # the writer task ends, as after a failure of its own commit
+            return
+        self._finish_batch(data, items, waiters, last, captured)
+
+    def _finish_batch(self, data: bytes, items: list, waiters: list, last: int, captured) -> None:
+        """A frame is on disk here: answer its waiters (on a cluster's leader, once the sync set has
+        it too: replicate), start a snapshot if one was captured."""
+        written = last if items else self._raw_last
+        if written > self.local_version:
+            self.local_version = written
+        if self.replicate is None:
+            self.durable_version = last
+            for waiter in waiters:
+                waiter.done.set()
+        else:
+            self._held.append((last, waiters))
+            self.replicate(data, written)
+        if captured is not None:
+            if self._cut_wanted:  # the new segment could not be opened: snapshot later
+                self._bytes_since_snapshot = self.snapshot_wal_bytes
+            else:
+                self._bytes_since_snapshot = 0
+                self._snapshot_running = True
+                assert self._nursery is not None
+                self._nursery.start_soon(self._write_snapshot, written, self.ceiling, self._segment_seq, captured)
+        if self._inline_allowed:
+            self._choose_where_to_commit(time.monotonic(), self.alone is not None and self.alone())
 
     async def _gather(self) -> None:
         """Let work already under way join this frame: while other tasks are ready to run (each
@@ -310,11 +394,16 @@ class WalWriter:
         self._closing = True
         self._work.set()
 
-    def _choose_where_to_commit(self) -> None:
-        if self._inline and self._fsync_mean_s > INLINE_FSYNC_S_MAX:
-            self._inline = False
-            logger.info("event=wal_commits_to_thread fsync_mean_ms=%.3f", self._fsync_mean_s * 1000)
-        elif not self._inline and self._fsync_mean_s < INLINE_FSYNC_S_MAX / 2:
+    def _choose_where_to_commit(self, now_s: float, alone: bool) -> None:
+        """After each commit: inline or in the thread from now on (the constants above say why);
+        `alone`: one client connected, whom a stalled loop costs nothing."""
+        if self._inline:
+            if self._fsync_mean_s > INLINE_FSYNC_S_MAX or (self.fsync_last_s > INLINE_STALL_S_MAX and not alone):
+                self._inline = False
+                self._thread_since_s = now_s if not alone else now_s - THREAD_HOLD_S
+                logger.info("event=wal_commits_to_thread fsync_mean_ms=%.3f fsync_last_ms=%.3f",
+                            self._fsync_mean_s * 1000, self.fsync_last_s * 1000)
+        elif self._fsync_mean_s < INLINE_FSYNC_S_MAX / 2 and (alone or now_s - self._thread_since_s >= THREAD_HOLD_S):
             self._inline = True
             logger.info("event=wal_commits_inline fsync_mean_ms=%.3f", self._fsync_mean_s * 1000)
 

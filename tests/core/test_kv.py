@@ -1,10 +1,12 @@
 """The KV state machine, pure: every call takes now_ms, nothing sleeps."""
 
+import orjson
 import pytest
 
 from queen.core import records as rec
 from queen.core.kv import KvState, VersionCounter, parse_kv_op, parse_kv_ops
 from queen.core.limits import Limits
+from queen.core.values import decode_json_bytes, json_default
 from queen.errors import BadRequest
 
 T0 = 1_700_000_000_000
@@ -15,9 +17,15 @@ def make_state():
     return KvState(VersionCounter(), T0)
 
 
+def wire(result):
+    """A result as a client reads it: a read's value is the row's stored JSON (an orjson.Fragment),
+    which the answer's encoding splices in; byte strings come back from their JSON form."""
+    return decode_json_bytes(orjson.loads(orjson.dumps(result, default=json_default)))
+
+
 def run(state, raw, now_ms=T0, effects=None):
     effects = [] if effects is None else effects
-    return state.apply(parse_kv_op(raw, 0, LIMITS), now_ms, effects)
+    return wire(state.apply(parse_kv_op(raw, 0, LIMITS), now_ms, effects))
 
 
 def put(key, value, **extra):

@@ -9,6 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from queen.core import records as rec
 from queen.core.kv import KvState, VersionCounter, parse_kv_op
 from queen.core.limits import Limits
+from tests.core.test_kv import wire
 
 T0 = 1_700_000_000_000
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)  # values a JSON client can send
@@ -28,7 +29,7 @@ class KvModel(RuleBasedStateMachine):
         self.limits = Limits()
 
     def _apply(self, raw):
-        return self.state.apply(parse_kv_op(raw, 0, self.limits), self.now_ms, self.effects)
+        return wire(self.state.apply(parse_kv_op(raw, 0, self.limits), self.now_ms, self.effects))
 
     def _live(self, key):
         entry = self.model.get(key)

@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from queen.config import Config
-from queen.core.kv import parse_kv_ops
+from queen.core.kv import parse_kv_ops, value_of
 from queen.core.limits import Limits
 from queen.core.locks import parse_lock_ops
 from queen.errors import QueenError
@@ -151,7 +151,7 @@ async def recovered_rows(data_dir, disk) -> tuple[dict, int, int]:
             [page] = await server.router.run_kv(parse_kv_ops([{"op": "getPrefix", "ns": ns, "limit": 1000}], LIMITS), False)
             assert page["cursor"] is None
             for item in page["items"]:
-                rows[(ns, item["key"])] = item["value"]
+                rows[(ns, item["key"])] = value_of(item["value"])  # the row's stored JSON, decoded
                 highest = max(highest, item["version"])
         [written] = await server.router.run_kv(parse_kv_ops([{"op": "put", "ns": "app", "key": "after", "value": 1, "forever": True}], LIMITS), True)
         nursery.cancel_scope.cancel()

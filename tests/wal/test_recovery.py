@@ -22,7 +22,7 @@ import zstandard
 
 from queen.cli.serve import EXIT_DATA_REFUSED
 from queen.config import Config
-from queen.core.kv import READ_OPS, parse_kv_ops
+from queen.core.kv import READ_OPS, parse_kv_ops, value_of
 from queen.core.limits import Limits
 from queen.core.locks import parse_lock_ops
 from queen.errors import CorruptLog, UnreadableFormat
@@ -46,7 +46,8 @@ async def call(server, *ops):
 
 async def read(server, keys, ns="app"):
     [result] = await call(server, {"op": "getMany", "ns": ns, "keys": list(keys)})
-    return {item["key"]: item for item in result["items"]}
+    # A read's value is its row's stored JSON, spliced into the answer: decoded here.
+    return {item["key"]: {**item, "value": value_of(item["value"])} for item in result["items"]}
 
 
 async def write_frames(server, count=FRAMES):
