@@ -45,7 +45,9 @@ def test_an_atomic_file_is_synced_then_renamed_then_its_directory_synced(tmp_pat
     path = str(tmp_path / "snapshot")
     Disk().write_file_atomically(path, b"whole")
     assert calls == [("write", path + ".tmp"), ("fdatasync", path + ".tmp"), ("fsync", str(tmp_path))]
-    assert open(path, "rb").read() == b"whole" and not os.path.exists(path + ".tmp")
+    with open(path, "rb") as file:
+        assert file.read() == b"whole"
+    assert not os.path.exists(path + ".tmp")
 
 
 def test_a_truncation_is_synced(tmp_path, monkeypatch):
