@@ -79,6 +79,7 @@ class Nodes:
         self.connections: dict[str, http.client.HTTPConnection] = {}
         self.epoch: int | None = None
         self.node: str | None = None
+        self.backoff_s = 0.0  # after transport errors on writes: doubles up to 1 s, reset by an answer
 
     def _connection(self, base: str) -> http.client.HTTPConnection:
         connection = self.connections.get(base)
@@ -124,11 +125,17 @@ class Nodes:
             except (OSError, http.client.HTTPException) as error:
                 self.current = (self.current + 1) % len(self.urls)
                 if write:
+                    # A client backs off after a transport error, as the SDK would: no busy loop of
+                    # outcome-unknown writes through an outage (each one multiplies what the
+                    # linearizability checker must search).
+                    self.backoff_s = min(1.0, max(0.05, self.backoff_s * 2))
+                    time.sleep(self.backoff_s)
                     raise Unknown(repr(error)) from None
                 if time.monotonic() >= deadline:
                     raise Refused(0, repr(error)) from None
                 continue
             self.node = base
+            self.backoff_s = 0.0
             try:
                 answer = json.loads(data) if data else None
             except ValueError:
@@ -314,13 +321,18 @@ def run_w4(nodes: Nodes, log: Log, rng: random.Random, ops: int) -> None:
                                      "partition": f"p{n % 3}", "payload": {"m": key}}]},
                     write=True, key=key, at=at, marker=key)
     # Drain: until every timer scheduled here is due, then two empty pops of each queue.
+    # Bounded by time, not by a count of pops: during a failover every call fails fast (a dead
+    # leader's proxy resets the connection), and a counted loop would end before the new leader
+    # serves, leaving delivered-but-unanswered messages undrained (a false "lost").
     empty = 0
-    for _ in range(200):
-        if time.monotonic() > STOP_AT + 30:
-            break
+    while time.monotonic() < STOP_AT + 30:
         timers = _pop(nodes, log, TIMER_QUEUE, 200, True)
         fired = bool(timers and timers.get("messages"))
         consumed = _consume(nodes, log, 200)
+        if timers is None:
+            time.sleep(0.1)  # no answer: the cluster is between leaders
+            empty = 0
+            continue
         if wall_ms() > latest_at + 200 and not fired and not consumed:
             empty += 1
             if empty == 2:
