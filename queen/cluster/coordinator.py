@@ -231,9 +231,12 @@ def plan_sync(members: frozenset[str], followers: list, mode: str, sync_count: i
     """The sync set the leader should write next, or None to keep it. Updates `health`.
     A member has failed when it is disconnected, or lags without acking anything new, for
     ack_timeout_s. Degrade drops a failed member; strict drops it only for a caught-up follower
-    that takes its place. Caught-up followers (lag 0) fill the set up to sync_count."""
+    that takes its place, and at once when the member is not connected at all (a new leader's
+    campaign lists the dead old leader as a placeholder: waiting ack_timeout_s for it would only
+    delay the first answer). Caught-up followers (lag 0) fill the set up to sync_count."""
     statuses = {status.node: status for status in followers}
     failed = set()
+    absent = set()
     for member in members:
         status = statuses.get(member)
         record = health.setdefault(member, MemberHealth())
@@ -244,6 +247,8 @@ def plan_sync(members: frozenset[str], followers: list, mode: str, sync_count: i
         if healthy:
             record.stalled_since = None
             continue
+        if status is None or not status.connected:
+            absent.add(member)
         if record.stalled_since is None:
             record.stalled_since = now
         if now - record.stalled_since >= ack_timeout_s:
@@ -253,6 +258,8 @@ def plan_sync(members: frozenset[str], followers: list, mode: str, sync_count: i
     caught_up = sorted(node for node, status in statuses.items()
                        if status.connected and status.lag_versions == 0 and node not in members)
     new = set(members)
+    if mode == STRICT:
+        failed |= absent
     for member in sorted(failed):
         if mode == DEGRADE:
             new.discard(member)

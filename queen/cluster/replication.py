@@ -39,6 +39,7 @@ what the leader has released (Raft's commitIndex: information, never needed for 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import struct
 from collections import deque
@@ -458,7 +459,15 @@ class Replicator:
                 raise unwrap(group) from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError, FrameError,
                 rec.RecordError) as error:
+            self.leader_heard_at = -math.inf  # as below
             raise StreamEnded(f"stream from {leader} ended: {error!r}") from None
+        except StreamEnded:
+            # The leader closed its stream or refused it (it stepped down, or died and the kernel
+            # closed the socket): it serves nobody, so what was heard from it no longer holds
+            # this node back from campaigning once etcd drops its key. A silent partition ends
+            # no stream and keeps the rule.
+            self.leader_heard_at = -math.inf
+            raise
         finally:
             self.role = "none"
             self.writer.replicate = None
