@@ -51,7 +51,7 @@ import trio
 from queen.cluster import epochs
 from queen.cluster import faults as test_faults
 from queen.core import records as rec
-from queen.core.state import BeginEpoch
+from queen.core.state import BeginEpoch, Drain
 from queen.errors import Unavailable
 from queen.runtime.steps import Call
 from queen.wal.frame import FILE_HEADER, FrameError, decode_frame, read_frame_header
@@ -216,6 +216,8 @@ class Replicator:
         if self.role == "leader":
             logger.warning("event=stepped_down epoch=%d reason=%r", self.epoch, reason)
             self._restart_needed = f"stepped down from epoch {self.epoch}: memory may hold what the new leader lacks"
+            # Parked pops would wait for ticks that no longer come (standby): answer them now.
+            self.steps.run(Drain())
         self.role = "none"
         self.steps.standby = True
         self.writer.replicate = None

@@ -87,7 +87,7 @@ def run_scenario(tmp_path, name: str, nemesis, *, nodes: int = 3, env: dict | No
                                      hold_s=hold_s if kind == "W2" else 0.0).start()
                        for kind, count, ops in workers for i in range(count)]
             try:
-                _progress(running, 20)
+                _progress(running, 50)
                 leader = cluster.wait_leader()
                 epoch_before = cluster.epoch()
                 fault_t, fault_wall = mono_ms(), wall_ms()

@@ -45,6 +45,7 @@ QUEUE, TIMER_QUEUE = "hq", "ht"
 KV_NS = "h"
 REFUSALS = ("no_leader", "not_leader")
 STOP_AT = float("inf")  # time.monotonic() after which a workload starts no new operation
+PACE_S = 0.0  # mean pause before each operation: spreads a workload over the fault and the failover
 CALL_DEADLINE_S = 8.0
 REQUEST_TIMEOUT_S = 3.0
 
@@ -170,6 +171,8 @@ class Log:
 
     def run(self, nodes: Nodes, f: str, method: str, path: str, document=None, *, write: bool, **meta):
         """Log the invoke, make the call, log its outcome; the answer, or None when not ok."""
+        if PACE_S:
+            time.sleep(random.uniform(0, 2 * PACE_S))
         self.n += 1
         op = self.n
         self.write(op=op, type="invoke", f=f, body=document, path=path, **meta)
@@ -421,10 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold-s", type=float, default=0.0, help="W2: how long a holder works before writing")
     parser.add_argument("--deadline-s", type=float, default=90.0,
                         help="no new operation starts after this long (a stalled cluster must not hold a test)")
+    parser.add_argument("--pace-ms", type=float, default=80.0,
+                        help="mean pause before each operation (0: as fast as answers come); without it a "
+                             "workload is over in half a second, before the fault strikes")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
-    global STOP_AT
+    global STOP_AT, PACE_S
     STOP_AT = time.monotonic() + args.deadline_s
+    PACE_S = args.pace_ms / 1000
     nodes = Nodes(args.urls.split(","), rng)
     log = Log(args.log, args.name)
     log.write(op=0, type="start", kind=args.kind, pid=os.getpid())
