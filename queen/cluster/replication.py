@@ -511,7 +511,7 @@ class Replicator:
         """Apply the records of whole frames to memory and queue their bytes for the log, skipping
         frames already here (catch-up overlaps what the leader ships live)."""
         view = memoryview(data)
-        offset, keep, ceiling, last = 0, [], 0, 0
+        offset, keep, ceiling, last, gap = 0, [], 0, 0, ""
         state = self.state
         while offset < len(data):
             items, first_version, last_version, end = decode_frame(view, offset)
@@ -519,6 +519,13 @@ class Replicator:
                 offset = end
                 continue
             records = rec.decode(items)
+            if first_version and first_version > self._applied_last + 1 and not (
+                    records and type(records[0]) is rec.Epoch and records[0].previous_version <= self._applied_last):
+                # A hole: bytes went missing in transit (a proxy that dropped them, not TCP). Take
+                # nothing past it (what came before is kept); the next stream catches up from the
+                # leader's disk.
+                gap = f"frame from version {first_version} after {self._applied_last}: a gap"
+                break
             for record in records:
                 kind = type(record)
                 if kind is rec.Ceiling:
@@ -535,11 +542,14 @@ class Replicator:
                 self._applied_last = last = last_version
             keep.append(view[offset:end])
             offset = end
+        if keep:
+            if last > state.versions.last:
+                state.versions.last = last
+            self.writer.submit_frames(b"".join(keep), last, ceiling)
+        if gap:
+            raise StreamEnded(gap)
         if not keep:
             return
-        if last > state.versions.last:
-            state.versions.last = last
-        self.writer.submit_frames(b"".join(keep), last, ceiling)
         if self.faults.ack_before_fsync and last:  # test-only bug: acked on receipt, not yet on disk
             self._fsynced = max(self._fsynced, last)
             self._ack_wanted.set()
