@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from queen.cluster import etcd as e
+from queen.cluster import faults as test_faults
 from queen.cluster.etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyValue
 
 logger = logging.getLogger(__name__)
@@ -230,9 +231,12 @@ def plan_sync(members: frozenset[str], followers: list, mode: str, sync_count: i
     """The sync set the leader should write next, or None to keep it. Updates `health`.
     A member has failed when it is disconnected, or lags without acking anything new, for
     ack_timeout_s. Degrade drops a failed member; strict drops it only for a caught-up follower
-    that takes its place. Caught-up followers (lag 0) fill the set up to sync_count."""
+    that takes its place, and at once when the member is not connected at all (a new leader's
+    campaign lists the dead old leader as a placeholder: waiting ack_timeout_s for it would only
+    delay the first answer). Caught-up followers (lag 0) fill the set up to sync_count."""
     statuses = {status.node: status for status in followers}
     failed = set()
+    absent = set()
     for member in members:
         status = statuses.get(member)
         record = health.setdefault(member, MemberHealth())
@@ -243,6 +247,8 @@ def plan_sync(members: frozenset[str], followers: list, mode: str, sync_count: i
         if healthy:
             record.stalled_since = None
             continue
+        if status is None or not status.connected:
+            absent.add(member)
         if record.stalled_since is None:
             record.stalled_since = now
         if now - record.stalled_since >= ack_timeout_s:
@@ -252,6 +258,8 @@ def plan_sync(members: frozenset[str], followers: list, mode: str, sync_count: i
     caught_up = sorted(node for node, status in statuses.items()
                        if status.connected and status.lag_versions == 0 and node not in members)
     new = set(members)
+    if mode == STRICT:
+        failed |= absent
     for member in sorted(failed):
         if mode == DEGRADE:
             new.discard(member)
@@ -290,8 +298,13 @@ class Coordinator:
     """Runs for the server's lifetime in its core nursery. replicator: the Replicator interface
     (queen/cluster/replication.py); writer: its ceiling_allowed / ceiling_wanted are driven here."""
 
-    def __init__(self, settings: Settings, etcd: EtcdClient, replicator, writer, *, clock=trio.current_time):
+    def __init__(self, settings: Settings, etcd: EtcdClient, replicator, writer, *, clock=trio.current_time,
+                 faults: test_faults.Faults = test_faults.NONE, restart=None):
+        """restart(reason): the server's way to run again on the same data dir, when the replicator
+        says this node's files were corrected or its memory may differ from them (RestartNeeded)."""
         self.settings = settings
+        self.faults = faults
+        self.restart = restart
         self.etcd = etcd
         self.replicator = replicator
         self.writer = writer
@@ -400,7 +413,7 @@ class Coordinator:
             if reason is not None:
                 self.step_down(reason)
             return
-        if self.role == CANDIDATE:
+        if self.role in (CANDIDATE, STARTING):  # STARTING: a restart is under way
             return
         mine = observed.leader
         if mine is not None and mine.node == node:
@@ -414,8 +427,9 @@ class Coordinator:
             return
         if observed.leader is None:
             self._stop_following()
-            reason = campaign_reason(observed, node, self.replicator.promised_epoch, self.replicator.leader_heard_at,
-                                     self.clock(), self.settings.leader_ttl_s)
+            heard_at = -math.inf if self.faults.no_heard_leader_rule else self.replicator.leader_heard_at
+            reason = campaign_reason(observed, node, self.replicator.promised_epoch, heard_at, self.clock(),
+                                     self.settings.leader_ttl_s)
             if reason is not None and self.lease:
                 await self._campaign(observed, reason)
 
@@ -429,16 +443,19 @@ class Coordinator:
         self.epoch = leader.epoch
         self._following = (leader.epoch, leader.node)
         self._set_role(FOLLOWER, leader=leader.node)
-        host, _, port = leader.replication.rpartition(":")
+        host, _, port = self.faults.dial(leader.node, leader.replication).rpartition(":")
         self._follow_scope = scope = trio.CancelScope()
         self._nursery.start_soon(self._follow_stream, scope, leader, (host, int(port or 0)))
 
     async def _follow_stream(self, scope: trio.CancelScope, leader: LeaderKey, address: tuple[str, int]) -> None:
-        from queen.cluster.replication import StreamEnded
+        from queen.cluster.replication import RestartNeeded, StreamEnded
 
         with scope:
             try:
                 await self.replicator.follow(leader.epoch, leader.node, address)
+            except RestartNeeded as ended:
+                self._restart_needed(str(ended))
+                return
             except StreamEnded as ended:
                 logger.info("event=follow_ended leader=%s epoch=%d reason=%r", leader.node, leader.epoch, str(ended))
             except OSError as error:
@@ -506,12 +523,24 @@ class Coordinator:
                     if self.role == PROMOTING:
                         self.serving = True
                         self._set_role(LEADER)
-            except (EtcdError, LeadershipLost) as error:
-                self.step_down(f"etcd: {error}")
-            except Exception as error:  # lead() raises once stepped down meanwhile
-                if self.role in (LEADER, PROMOTING):
+            except Exception as raised:  # lead() raises once stepped down meanwhile
+                from queen.cluster.replication import RestartNeeded, unwrap
+
+                error = unwrap(raised)  # the loops' nursery wraps what they raise
+                if isinstance(error, (EtcdError, LeadershipLost)):
+                    self.step_down(f"etcd: {error}")
+                elif isinstance(error, RestartNeeded):  # it led before in this run: start again first
+                    self.step_down(f"restart needed: {error}")
+                    self._restart_needed(str(error))
+                elif self.role in (LEADER, PROMOTING):
                     logger.exception("event=lead_failed")
                     self.step_down(f"lead failed: {error!r}")
+
+    def _restart_needed(self, reason: str) -> None:
+        logger.warning("event=restart_needed node=%s reason=%r", self.settings.node, reason)
+        self._set_role(STARTING, reason="restart")
+        if self.restart is not None:
+            self.restart(reason)
 
     async def resign(self) -> None:
         """At shutdown: stop leading and give up the lease, so a follower takes over at once
@@ -534,7 +563,7 @@ class Coordinator:
         logger.info("event=leader_key_released epoch=%d", leader.epoch)
 
     def step_down(self, reason: str) -> None:
-        """Stop leading at once (answers not released get 503 not_leader)."""
+        """Stop leading at once (answers not released get 503 leader_lost: outcome unknown)."""
         if self.role not in (LEADER, PROMOTING):
             return
         self.serving = False
@@ -628,7 +657,7 @@ class Coordinator:
         settings = self.settings
         while True:
             now = self.clock()
-            if self.role in (LEADER, PROMOTING) and fence_due(self.lease_renewed_at, now, settings.leader_ttl_s,
+            if self.role in (LEADER, PROMOTING) and not self.faults.no_self_fence and fence_due(self.lease_renewed_at, now, settings.leader_ttl_s,
                                                                settings.fence_margin_s):
                 self.step_down("etcd_unreachable")
             await trio.sleep(min(settings.poll_s, settings.fence_margin_s / 4))

@@ -24,7 +24,7 @@ newest made when it arrived. Frames flowing provide rounds; when none was made s
 waiting read, a PROBE goes out at once (not at the heartbeat's pace), one for all the reads that
 arrived meanwhile, and none while the previous probe is still out (reads that arrived after it
 was made wait for the next). With an empty sync set only the check that this node still leads
-is left. A node that does not lead (or stepped down) answers reads 503 not_leader.
+is left. A node that does not lead (or stepped down) answers reads 503 leader_lost.
 
 A node whose log or memory may now differ from its leader's (it stepped down, its tail had to be
 cut, or it installed a snapshot) raises RestartNeeded from follow(): its files are already made
@@ -55,6 +55,7 @@ what the leader has released (Raft's commitIndex: information, never needed for 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import struct
 from collections import deque
@@ -64,8 +65,9 @@ import cbor2
 import trio
 
 from queen.cluster import epochs
+from queen.cluster import faults as test_faults
 from queen.core import records as rec
-from queen.core.state import BeginEpoch
+from queen.core.state import BeginEpoch, Drain
 from queen.errors import Unavailable
 from queen.runtime.steps import Call
 from queen.wal.frame import FILE_HEADER, FrameError, decode_frame, read_frame_header
@@ -142,8 +144,11 @@ class MessageReader:
         return message
 
 
-def not_leader(reason: str) -> Unavailable:
-    return Unavailable("not_leader", f"this node no longer leads the cluster ({reason}); the outcome of this call "
+def leader_lost(reason: str) -> Unavailable:
+    """What a node that stopped leading answers the calls it had taken: 503 leader_lost, outcome
+    unknown (a write may be on the new leader), unlike the routing's no_leader / not_leader, which
+    refuse a call before anything is applied and may be retried as they are."""
+    return Unavailable("leader_lost", f"this node no longer leads the cluster ({reason}); the outcome of this call "
                        "is unknown: it may be present on the new leader", {"reason": reason})
 
 
@@ -162,11 +167,13 @@ class _Link:
 
 class Replicator:
     def __init__(self, *, node_id: str, data_dir: str, listen: tuple[str, int], state, writer, steps, clock, disk,
-                 run_blocking, recovered, cluster: str = ""):
+                 run_blocking, recovered, cluster: str = "", faults: test_faults.Faults = test_faults.NONE):
         """recovered: what recovery found (queen/wal/recovery.py, Recovered): the log's last
         version. run_blocking should be the writer's (its disk thread): a cut of the log then never
-        runs beside a commit. Reads the two epoch files (tiny) here, at start."""
+        runs beside a commit. Reads the two epoch files (tiny) here, at start. faults: the
+        failover suite's deliberate bugs (queen/cluster/faults.py), none in production."""
         self.node_id = node_id
+        self.faults = faults
         self.cluster = cluster
         self.data_dir = data_dir
         self.listen = listen
@@ -203,10 +210,7 @@ class Replicator:
         self._probe_force = False  # a sync member's link is new: what was on its way to it is lost
         self._probe_wake = trio.Event()
         self.probes_sent = 0
-        # Test-only: QUEEN_TEST_NO_READ_BARRIER=1 skips the round trip (reads wait for durability
-        # alone), the bug the failover checks must catch. Read once here (the cluster's test
-        # switches may later live in one module).
-        self._read_round_trip = os.environ.get("QUEEN_TEST_NO_READ_BARRIER", "") in ("", "0")
+        self._read_round_trip = not self.faults.no_read_barrier  # test-only switch (queen/cluster/faults.py)
         writer.read_barrier = self._read_barrier
         steps.standby = True  # no ticks until this node leads
 
@@ -244,15 +248,17 @@ class Replicator:
                                max(0, local - self._acked.get(node, 0))) for node in nodes]
 
     def step_down(self, reason: str) -> None:
-        """Stop leading at once: answers not yet released get 503 not_leader; nothing more is
+        """Stop leading at once: answers not yet released get 503 leader_lost; nothing more is
         shipped or released. The node must be started again before it follows."""
         if self.role == "leader":
             logger.warning("event=stepped_down epoch=%d reason=%r", self.epoch, reason)
             self._restart_needed = f"stepped down from epoch {self.epoch}: memory may hold what the new leader lacks"
+            # Parked pops would wait for ticks that no longer come (standby): answer them now.
+            self.steps.run(Drain())
         self.role = "none"
         self.steps.standby = True
         self.writer.replicate = None
-        error = not_leader(reason)
+        error = leader_lost(reason)
         self.writer.stop(error)
         reads, self._reads = self._reads, deque()
         for _, _, waiter in reads:
@@ -266,21 +272,25 @@ class Replicator:
     async def lead(self, epoch: int, sync: frozenset[str], *, version_floor: int, grace_ms: int) -> None:
         """Become leader of `epoch` (promised first): versions go on above max(local last,
         version_floor); the EPOCH record is the first one written; returns once it is durable here
-        and on every member of `sync`. Raises Unavailable(not_leader) if stepped down meanwhile."""
+        and on every member of `sync`. Raises Unavailable(leader_lost) if stepped down meanwhile."""
         if self._restart_needed:
             raise RestartNeeded(self._restart_needed)
         await self.promise(epoch)
         if epoch != self.promised_epoch:
-            raise not_leader(f"epoch {self.promised_epoch} was promised")
+            raise leader_lost(f"epoch {self.promised_epoch} was promised")
         if epoch <= epochs.last_epoch(self.history):
-            raise not_leader(f"epoch {epoch} is not newer than this log's")
+            raise leader_lost(f"epoch {epoch} is not newer than this log's")
         self.role, self.epoch = "leader", epoch
         self._acked = {}
         self._round_acked = {}
         self._probe_round = 0
         self._sync = frozenset(sync) - {self.node_id}
         writer, versions = self.writer, self.state.versions
-        versions.last = max(versions.last, writer.last_version, self.log_last, version_floor)
+        if self.faults.ignore_ceiling:  # test-only bug: on from the log's last record, reserved or not
+            versions.last = max(self.log_last, self._applied_last)
+            writer._last_version = versions.last
+        else:
+            versions.last = max(versions.last, writer.last_version, self.log_last, version_floor)
         writer.replicate = self._ship
         self.clock.raise_to(self.clock_floor_ms)
         now = self.clock.now_ms()
@@ -292,7 +302,8 @@ class Replicator:
         self.history.append(entry)
         await self._write_history()
         call = Call(1, 1)
-        self.steps.run(BeginEpoch(epoch, self.node_id, previous, max(self.clock_floor_ms, now), now + grace_ms, call))
+        grace_until = 0 if self.faults.no_lease_grace else now + grace_ms  # 0: test-only bug, no lease extended
+        self.steps.run(BeginEpoch(epoch, self.node_id, previous, max(self.clock_floor_ms, now), grace_until, call))
         await call.result()
         logger.info("event=leading epoch=%d first_version=%d sync=%s", epoch, first, ",".join(sorted(self._sync)))
         self.steps.standby = False
@@ -337,7 +348,7 @@ class Replicator:
         after it, is its round trip."""
         if self.role != "leader":
             failed = self.writer.failed
-            waiter.error = failed if isinstance(failed, Unavailable) else not_leader("this node does not lead")
+            waiter.error = failed if isinstance(failed, Unavailable) else leader_lost("this node does not lead")
             waiter.done.set()
             return
         self._reads.append((self._round, version, waiter))
@@ -570,7 +581,15 @@ class Replicator:
                 raise unwrap(group) from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError, FrameError,
                 rec.RecordError) as error:
+            self.leader_heard_at = -math.inf  # as below
             raise StreamEnded(f"stream from {leader} ended: {error!r}") from None
+        except StreamEnded:
+            # The leader closed its stream or refused it (it stepped down, or died and the kernel
+            # closed the socket): it serves nobody, so what was heard from it no longer holds
+            # this node back from campaigning once etcd drops its key. A silent partition ends
+            # no stream and keeps the rule.
+            self.leader_heard_at = -math.inf
+            raise
         finally:
             self.role = "none"
             self.writer.replicate = None
@@ -583,7 +602,7 @@ class Replicator:
             kind = message[0]
             if kind == REFUSE:
                 raise StreamEnded(f"refused by the leader: {message[1]}")
-            if message[1] != self.promised_epoch:
+            if message[1] != self.promised_epoch and not self.faults.no_epoch_check:
                 reason = f"epoch {message[1]} is not the promised {self.promised_epoch}"
                 logger.warning("event=leader_refused reason=%r", reason)
                 await stream.send_all(encode([REFUSE, reason]))
@@ -619,7 +638,7 @@ class Replicator:
         """Apply the records of whole frames to memory and queue their bytes for the log, skipping
         frames already here (catch-up overlaps what the leader ships live). False if all were."""
         view = memoryview(data)
-        offset, keep, ceiling, last = 0, [], 0, 0
+        offset, keep, ceiling, last, gap = 0, [], 0, 0, ""
         state = self.state
         while offset < len(data):
             items, first_version, last_version, end = decode_frame(view, offset)
@@ -627,6 +646,13 @@ class Replicator:
                 offset = end
                 continue
             records = rec.decode(items)
+            if first_version and first_version > self._applied_last + 1 and not (
+                    records and type(records[0]) is rec.Epoch and records[0].previous_version <= self._applied_last):
+                # A hole: bytes went missing in transit (a proxy that dropped them, not TCP). Take
+                # nothing past it (what came before is kept); the next stream catches up from the
+                # leader's disk.
+                gap = f"frame from version {first_version} after {self._applied_last}: a gap"
+                break
             for record in records:
                 kind = type(record)
                 if kind is rec.Ceiling:
@@ -643,11 +669,17 @@ class Replicator:
                 self._applied_last = last = last_version
             keep.append(view[offset:end])
             offset = end
+        if keep:
+            if last > state.versions.last:
+                state.versions.last = last
+            self.writer.submit_frames(b"".join(keep), last, ceiling)
+        if gap:
+            raise StreamEnded(gap)
         if not keep:
             return False
-        if last > state.versions.last:
-            state.versions.last = last
-        self.writer.submit_frames(b"".join(keep), last, ceiling)
+        if self.faults.ack_before_fsync and last:  # test-only bug: acked on receipt, not yet on disk
+            self._fsynced = max(self._fsynced, last)
+            self._ack_wanted.set()
         return True
 
     def _appended(self, data: bytes, last_version: int) -> None:
@@ -678,7 +710,7 @@ class Replicator:
         logger.warning("event=log_diverged epoch=%d last_version=%d truncate_to=%d action=cut_and_restart",
                        self.epoch, self.log_last, truncate_to)
         self._restart_needed = f"the log was cut after version {truncate_to} to match the leader's"
-        self.writer.stop(not_leader("following"))
+        self.writer.stop(leader_lost("following"))
         await self.run_blocking(_cut_log, self.data_dir, self.disk, truncate_to)
         self.history = [entry for entry in self.history if entry[1] <= truncate_to]
         await self._write_history()
@@ -689,7 +721,7 @@ class Replicator:
         logger.warning("event=snapshot_from_leader epoch=%d version=%d bytes=%d action=install_and_restart",
                        self.epoch, version, len(data))
         self._restart_needed = f"the leader's snapshot at version {version} was installed"
-        self.writer.stop(not_leader("following"))
+        self.writer.stop(leader_lost("following"))
         await self.run_blocking(_install_snapshot, self.data_dir, self.disk, data, version,
                                 self.writer._segment_seq)
         self.history = history

@@ -61,7 +61,7 @@ class Router:
             raise versions_exhausted(self.versions.last)
         if self.writer.failed is not None:
             if isinstance(self.writer.failed, QueenError):
-                raise self.writer.failed  # e.g. 503 not_leader: this node stepped down
+                raise self.writer.failed  # e.g. 503 leader_lost: this node stepped down
             raise Unavailable("not_durable", "the server cannot make writes durable (a disk error, or an internal error: "
                               "see its log); writes are refused until it is restarted", {"cause": str(self.writer.failed)})
         if self.draining:

@@ -299,7 +299,7 @@ def check_fenced_mutex(calls: list[Call], store_log: list[dict], limits: dict[st
     "guard_fence_went_back": a guarded transaction committed with a fence below one committed
     (on the same permit) before it was invoked. "store_fence_went_back": the fenced store accepted
     a fence below one it accepted before. "guard_failed_inside_lease": a holder's guarded
-    transaction was refused although it was invoked before the expiresAt its grant was told (less
+    transaction was refused although it was answered before the expiresAt its grant was told (less
     tolerance) and before it released: its lease was taken away early."""
     violations = []
     records = lock_records(calls)
@@ -316,7 +316,12 @@ def check_fenced_mutex(calls: list[Call], store_log: list[dict], limits: dict[st
         elif call.ok:
             grant = grants.get(call.get("owner"))
             expires = grant.first.get("expiresAt") if grant else None
-            if expires is not None and call.invoke["wall"] < expires - tolerance_ms:
+            # Judged by the answer, not the invoke: the refusal was applied somewhere between the
+            # two, and a call held up by a failover (a zombie leader kept it until it stepped
+            # down, N3b) may be applied after a lease that ended on time. Only a whole call inside
+            # the lease proves the lease was taken away early.
+            answered = call.outcome["wall"] if call.outcome else call.invoke["wall"]
+            if expires is not None and answered < expires - tolerance_ms:
                 violations.append({"kind": "guard_failed_inside_lease", "permit": permit, "grant": grant.outcome,
                                    "guarded": call.invoke, "answer": call.result})
     for permit, group in committed.items():

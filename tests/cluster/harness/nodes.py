@@ -208,9 +208,18 @@ class QueenCluster:
         return _get_json(node.direct_url + "/api/v1/cluster", timeout_s)
 
     def leader(self) -> str | None:
-        """The node that says it is the serving leader, when exactly one does."""
-        leaders = [node_id for node_id in self.nodes if (self.status(node_id) or {}).get("role") == "leader"]
-        return leaders[0] if len(leaders) == 1 else None
+        """The serving leader of the newest epoch. A deposed leader cut from etcd with its
+        self-fence off (N3b) still says "leader" for an older epoch, by design: the newest epoch
+        is the cluster's leader; two claims of one epoch give None."""
+        claims = {}
+        for node_id in self.nodes:
+            status = self.status(node_id) or {}
+            if status.get("role") == "leader":
+                claims.setdefault(status.get("epoch") or 0, []).append(node_id)
+        if not claims:
+            return None
+        newest = claims[max(claims)]
+        return newest[0] if len(newest) == 1 else None
 
     def wait_leader(self, timeout_s: float = 30.0, other_than: str | None = None) -> str:
         deadline = time.monotonic() + timeout_s

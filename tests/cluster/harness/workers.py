@@ -45,6 +45,7 @@ QUEUE, TIMER_QUEUE = "hq", "ht"
 KV_NS = "h"
 REFUSALS = ("no_leader", "not_leader")
 STOP_AT = float("inf")  # time.monotonic() after which a workload starts no new operation
+PACE_S = 0.0  # mean pause before each operation: spreads a workload over the fault and the failover
 CALL_DEADLINE_S = 8.0
 REQUEST_TIMEOUT_S = 3.0
 
@@ -79,6 +80,7 @@ class Nodes:
         self.connections: dict[str, http.client.HTTPConnection] = {}
         self.epoch: int | None = None
         self.node: str | None = None
+        self.backoff_s = 0.0  # after transport errors on writes: doubles up to 1 s, reset by an answer
 
     def _connection(self, base: str) -> http.client.HTTPConnection:
         connection = self.connections.get(base)
@@ -124,11 +126,17 @@ class Nodes:
             except (OSError, http.client.HTTPException) as error:
                 self.current = (self.current + 1) % len(self.urls)
                 if write:
+                    # A client backs off after a transport error, as the SDK would: no busy loop of
+                    # outcome-unknown writes through an outage (each one multiplies what the
+                    # linearizability checker must search).
+                    self.backoff_s = min(1.0, max(0.05, self.backoff_s * 2))
+                    time.sleep(self.backoff_s)
                     raise Unknown(repr(error)) from None
                 if time.monotonic() >= deadline:
                     raise Refused(0, repr(error)) from None
                 continue
             self.node = base
+            self.backoff_s = 0.0
             try:
                 answer = json.loads(data) if data else None
             except ValueError:
@@ -163,6 +171,8 @@ class Log:
 
     def run(self, nodes: Nodes, f: str, method: str, path: str, document=None, *, write: bool, **meta):
         """Log the invoke, make the call, log its outcome; the answer, or None when not ok."""
+        if PACE_S:
+            time.sleep(random.uniform(0, 2 * PACE_S))
         self.n += 1
         op = self.n
         self.write(op=op, type="invoke", f=f, body=document, path=path, **meta)
@@ -314,13 +324,18 @@ def run_w4(nodes: Nodes, log: Log, rng: random.Random, ops: int) -> None:
                                      "partition": f"p{n % 3}", "payload": {"m": key}}]},
                     write=True, key=key, at=at, marker=key)
     # Drain: until every timer scheduled here is due, then two empty pops of each queue.
+    # Bounded by time, not by a count of pops: during a failover every call fails fast (a dead
+    # leader's proxy resets the connection), and a counted loop would end before the new leader
+    # serves, leaving delivered-but-unanswered messages undrained (a false "lost").
     empty = 0
-    for _ in range(200):
-        if time.monotonic() > STOP_AT + 30:
-            break
+    while time.monotonic() < STOP_AT + 30:
         timers = _pop(nodes, log, TIMER_QUEUE, 200, True)
         fired = bool(timers and timers.get("messages"))
         consumed = _consume(nodes, log, 200)
+        if timers is None:
+            time.sleep(0.1)  # no answer: the cluster is between leaders
+            empty = 0
+            continue
         if wall_ms() > latest_at + 200 and not fired and not consumed:
             empty += 1
             if empty == 2:
@@ -409,10 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold-s", type=float, default=0.0, help="W2: how long a holder works before writing")
     parser.add_argument("--deadline-s", type=float, default=90.0,
                         help="no new operation starts after this long (a stalled cluster must not hold a test)")
+    parser.add_argument("--pace-ms", type=float, default=80.0,
+                        help="mean pause before each operation (0: as fast as answers come); without it a "
+                             "workload is over in half a second, before the fault strikes")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
-    global STOP_AT
+    global STOP_AT, PACE_S
     STOP_AT = time.monotonic() + args.deadline_s
+    PACE_S = args.pace_ms / 1000
     nodes = Nodes(args.urls.split(","), rng)
     log = Log(args.log, args.name)
     log.write(op=0, type="start", kind=args.kind, pid=os.getpid())
