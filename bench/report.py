@@ -189,6 +189,8 @@ def derive(document: dict) -> None:
             "server_us_per_request": _median([run["server_us_per_request"] or 0 for run in runs]),
             **{f"{role}_us_per_request": _median([run.get(f"{role}_us_per_request") or 0 for run in runs])
                for role in ("standby", "etcd") if f"{role}_us_per_request" in runs[0]},
+            **{f"{role}_cpu_pct": _median([run["cpu"]["processes_pct_of_core"].get(role, 0) for run in runs])
+               for role in ("standby", "etcd") if role in runs[0]["cpu"]["processes_pct_of_core"]},
             "bottleneck": sorted(run["bottleneck"] for run in runs)[len(runs) // 2],
             "durable": runs[0].get("durable", False),
             "fsync": runs[len(runs) // 2].get("fsync"),
@@ -257,6 +259,8 @@ def cluster_comparison(summary: list[dict]) -> list[dict]:
                                             if single and leader_us and single["server_us_per_request"] else None),
             "standby_us_per_request": row.get("standby_us_per_request"),
             "etcd_us_per_request": row.get("etcd_us_per_request"),
+            "leader_cpu_pct": row["server_cpu_pct"], "standby_cpu_pct": row.get("standby_cpu_pct"),
+            "etcd_cpu_pct": row.get("etcd_cpu_pct"),
             "bottleneck": row["bottleneck"], "single_bottleneck": single["bottleneck"] if single else None,
             "errors": row["errors"] + (single["errors"] if single else 0),
         })
@@ -419,12 +423,14 @@ def _cluster_section(document: dict) -> list[str]:
         return lines
     lines += ["The same workloads against the leader of a cluster (one etcd member, leader and synchronous standby, all "
               "on the server CPUs) and against a single Queen. Ratios are cluster ÷ single (rate: below 1 is slower; "
-              "latency: above 1 is slower). CPU per request in µs: single = the single Queen's; leader, standby, etcd "
-              "= each process of the cluster, over the same window; leader extra = leader − single. Bound by: the "
-              "cluster's side counts leader + standby + etcd together, as they share the server CPUs.", "",
+              "latency: above 1 is slower). CPU per request in µs, over the same window: single = the single "
+              "Queen's; leader and standby = the cluster's nodes; leader extra = leader − single. etcd works by the "
+              "clock (the leader's lease keep-alives, the coordinator's polls, version-ceiling reservations), not "
+              "per request, so its column is % of a core. Bound by: the cluster's side counts leader + standby + "
+              "etcd together, as they share the server CPUs.", "",
               "| workload | unit | ops | conns | single | cluster | rate ÷ | p50 ms single / cluster | "
-              "p99 ms single / cluster | single µs/req | leader µs/req | leader extra | standby µs/req | etcd µs/req "
-              "| bound by (single, cluster) |",
+              "p99 ms single / cluster | single µs/req | leader µs/req | leader extra | standby µs/req "
+              "| CPU % leader / standby / etcd | bound by (single, cluster) |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for row in rows:
         errors = f" **{row['errors']} errors**" if row["errors"] else ""
@@ -435,7 +441,7 @@ def _cluster_section(document: dict) -> list[str]:
             f"| {_ms(row['single_p99_us'])} / {_ms(row['cluster_p99_us'])} "
             f"| {_num(row['single_us_per_request'])} | {_num(row['leader_us_per_request'])} "
             f"| {_signed(row['leader_extra_us_per_request'])} | {_num(row['standby_us_per_request'])} "
-            f"| {_num(row['etcd_us_per_request'])} "
+            f"| {_num(row['leader_cpu_pct'])} / {_num(row['standby_cpu_pct'])} / {_num(row['etcd_cpu_pct'], 1)} "
             f"| {_short_bound(row['single_bottleneck'] or '–')}, {_short_bound(row['bottleneck'])} |")
     lines.append("")
     return lines
