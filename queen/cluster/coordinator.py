@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from queen.cluster import etcd as e
+from queen.cluster import faults as test_faults
 from queen.cluster.etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyValue
 
 logger = logging.getLogger(__name__)
@@ -290,8 +291,13 @@ class Coordinator:
     """Runs for the server's lifetime in its core nursery. replicator: the Replicator interface
     (queen/cluster/replication.py); writer: its ceiling_allowed / ceiling_wanted are driven here."""
 
-    def __init__(self, settings: Settings, etcd: EtcdClient, replicator, writer, *, clock=trio.current_time):
+    def __init__(self, settings: Settings, etcd: EtcdClient, replicator, writer, *, clock=trio.current_time,
+                 faults: test_faults.Faults = test_faults.NONE, restart=None):
+        """restart(reason): the server's way to run again on the same data dir, when the replicator
+        says this node's files were corrected or its memory may differ from them (RestartNeeded)."""
         self.settings = settings
+        self.faults = faults
+        self.restart = restart
         self.etcd = etcd
         self.replicator = replicator
         self.writer = writer
@@ -400,7 +406,7 @@ class Coordinator:
             if reason is not None:
                 self.step_down(reason)
             return
-        if self.role == CANDIDATE:
+        if self.role in (CANDIDATE, STARTING):  # STARTING: a restart is under way
             return
         mine = observed.leader
         if mine is not None and mine.node == node:
@@ -414,8 +420,9 @@ class Coordinator:
             return
         if observed.leader is None:
             self._stop_following()
-            reason = campaign_reason(observed, node, self.replicator.promised_epoch, self.replicator.leader_heard_at,
-                                     self.clock(), self.settings.leader_ttl_s)
+            heard_at = -math.inf if self.faults.no_heard_leader_rule else self.replicator.leader_heard_at
+            reason = campaign_reason(observed, node, self.replicator.promised_epoch, heard_at, self.clock(),
+                                     self.settings.leader_ttl_s)
             if reason is not None and self.lease:
                 await self._campaign(observed, reason)
 
@@ -429,16 +436,19 @@ class Coordinator:
         self.epoch = leader.epoch
         self._following = (leader.epoch, leader.node)
         self._set_role(FOLLOWER, leader=leader.node)
-        host, _, port = leader.replication.rpartition(":")
+        host, _, port = self.faults.dial(leader.node, leader.replication).rpartition(":")
         self._follow_scope = scope = trio.CancelScope()
         self._nursery.start_soon(self._follow_stream, scope, leader, (host, int(port or 0)))
 
     async def _follow_stream(self, scope: trio.CancelScope, leader: LeaderKey, address: tuple[str, int]) -> None:
-        from queen.cluster.replication import StreamEnded
+        from queen.cluster.replication import RestartNeeded, StreamEnded
 
         with scope:
             try:
                 await self.replicator.follow(leader.epoch, leader.node, address)
+            except RestartNeeded as ended:
+                self._restart_needed(str(ended))
+                return
             except StreamEnded as ended:
                 logger.info("event=follow_ended leader=%s epoch=%d reason=%r", leader.node, leader.epoch, str(ended))
             except OSError as error:
@@ -506,12 +516,24 @@ class Coordinator:
                     if self.role == PROMOTING:
                         self.serving = True
                         self._set_role(LEADER)
-            except (EtcdError, LeadershipLost) as error:
-                self.step_down(f"etcd: {error}")
-            except Exception as error:  # lead() raises once stepped down meanwhile
-                if self.role in (LEADER, PROMOTING):
+            except Exception as raised:  # lead() raises once stepped down meanwhile
+                from queen.cluster.replication import RestartNeeded, unwrap
+
+                error = unwrap(raised)  # the loops' nursery wraps what they raise
+                if isinstance(error, (EtcdError, LeadershipLost)):
+                    self.step_down(f"etcd: {error}")
+                elif isinstance(error, RestartNeeded):  # it led before in this run: start again first
+                    self.step_down(f"restart needed: {error}")
+                    self._restart_needed(str(error))
+                elif self.role in (LEADER, PROMOTING):
                     logger.exception("event=lead_failed")
                     self.step_down(f"lead failed: {error!r}")
+
+    def _restart_needed(self, reason: str) -> None:
+        logger.warning("event=restart_needed node=%s reason=%r", self.settings.node, reason)
+        self._set_role(STARTING, reason="restart")
+        if self.restart is not None:
+            self.restart(reason)
 
     async def resign(self) -> None:
         """At shutdown: stop leading and give up the lease, so a follower takes over at once
@@ -628,7 +650,7 @@ class Coordinator:
         settings = self.settings
         while True:
             now = self.clock()
-            if self.role in (LEADER, PROMOTING) and fence_due(self.lease_renewed_at, now, settings.leader_ttl_s,
+            if self.role in (LEADER, PROMOTING) and not self.faults.no_self_fence and fence_due(self.lease_renewed_at, now, settings.leader_ttl_s,
                                                                settings.fence_margin_s):
                 self.step_down("etcd_unreachable")
             await trio.sleep(min(settings.poll_s, settings.fence_margin_s / 4))

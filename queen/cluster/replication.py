@@ -48,6 +48,7 @@ import cbor2
 import trio
 
 from queen.cluster import epochs
+from queen.cluster import faults as test_faults
 from queen.core import records as rec
 from queen.core.state import BeginEpoch
 from queen.errors import Unavailable
@@ -143,11 +144,13 @@ class _Link:
 
 class Replicator:
     def __init__(self, *, node_id: str, data_dir: str, listen: tuple[str, int], state, writer, steps, clock, disk,
-                 run_blocking, recovered, cluster: str = ""):
+                 run_blocking, recovered, cluster: str = "", faults: test_faults.Faults = test_faults.NONE):
         """recovered: what recovery found (queen/wal/recovery.py, Recovered): the log's last
         version. run_blocking should be the writer's (its disk thread): a cut of the log then never
-        runs beside a commit. Reads the two epoch files (tiny) here, at start."""
+        runs beside a commit. Reads the two epoch files (tiny) here, at start. faults: the
+        failover suite's deliberate bugs (queen/cluster/faults.py), none in production."""
         self.node_id = node_id
+        self.faults = faults
         self.cluster = cluster
         self.data_dir = data_dir
         self.listen = listen
@@ -236,7 +239,11 @@ class Replicator:
         self._acked = {}
         self._sync = frozenset(sync) - {self.node_id}
         writer, versions = self.writer, self.state.versions
-        versions.last = max(versions.last, writer.last_version, self.log_last, version_floor)
+        if self.faults.ignore_ceiling:  # test-only bug: on from the log's last record, reserved or not
+            versions.last = max(self.log_last, self._applied_last)
+            writer._last_version = versions.last
+        else:
+            versions.last = max(versions.last, writer.last_version, self.log_last, version_floor)
         writer.replicate = self._ship
         self.clock.raise_to(self.clock_floor_ms)
         now = self.clock.now_ms()
@@ -248,7 +255,8 @@ class Replicator:
         self.history.append(entry)
         await self._write_history()
         call = Call(1, 1)
-        self.steps.run(BeginEpoch(epoch, self.node_id, previous, max(self.clock_floor_ms, now), now + grace_ms, call))
+        grace_until = 0 if self.faults.no_lease_grace else now + grace_ms  # 0: test-only bug, no lease extended
+        self.steps.run(BeginEpoch(epoch, self.node_id, previous, max(self.clock_floor_ms, now), grace_until, call))
         await call.result()
         logger.info("event=leading epoch=%d first_version=%d sync=%s", epoch, first, ",".join(sorted(self._sync)))
         self.steps.standby = False
@@ -463,7 +471,7 @@ class Replicator:
             kind = message[0]
             if kind == REFUSE:
                 raise StreamEnded(f"refused by the leader: {message[1]}")
-            if message[1] != self.promised_epoch:
+            if message[1] != self.promised_epoch and not self.faults.no_epoch_check:
                 reason = f"epoch {message[1]} is not the promised {self.promised_epoch}"
                 logger.warning("event=leader_refused reason=%r", reason)
                 await stream.send_all(encode([REFUSE, reason]))
@@ -521,6 +529,9 @@ class Replicator:
         if last > state.versions.last:
             state.versions.last = last
         self.writer.submit_frames(b"".join(keep), last, ceiling)
+        if self.faults.ack_before_fsync and last:  # test-only bug: acked on receipt, not yet on disk
+            self._fsynced = max(self._fsynced, last)
+            self._ack_wanted.set()
 
     def _appended(self, data: bytes, last_version: int) -> None:
         """The writer's hook on a follower: these frames are fsynced here."""

@@ -67,6 +67,11 @@ class Server:
         self.coordinator = None  # a cluster node's (queen/cluster/coordinator.py); None alone
         self._stop = trio.Event()
         self._lock_fd: int | None = None
+        self._listeners: list | None = None  # the HTTP sockets, kept across a cluster node's restarts
+        self._restart_reason: str | None = None  # set by the coordinator: run again on the same data dir
+        self._wake: trio.Event | None = None  # this run's: shutdown or restart asked
+        self.restarts = 0
+        self._faults = None  # a cluster node's test-only switches (queen/cluster/faults.py)  # in-process restarts of a cluster node (its memory rebuilt from its log)
         self._reloads: trio.MemorySendChannel | None = None
         self._backups = trio.Lock()
         self.started_at_ms = 0  # the server's clock when it started: its uptime's origin
@@ -74,6 +79,18 @@ class Server:
 
     def request_shutdown(self) -> None:
         self._stop.set()
+        if self._wake is not None:
+            self._wake.set()
+
+    def request_restart(self, reason: str) -> None:
+        """A cluster node whose log was made to match its leader's (a diverged tail cut, a
+        snapshot installed), or whose memory may hold what the leader lacks (it stepped down):
+        stop this run and start again on the same data dir, so that recovery rebuilds memory from
+        the corrected log. The process, its data dir lock and its HTTP sockets stay."""
+        if self._restart_reason is None and not self._stop.is_set():
+            self._restart_reason = reason
+            if self._wake is not None:
+                self._wake.set()
 
     def reload(self) -> None:
         """Read the auth file (and the TLS certificate) again, as SIGHUP asks; done in the server's
@@ -130,8 +147,18 @@ class Server:
         os.makedirs(config.data_dir, mode=0o700, exist_ok=True)  # the data is the tenants': no one else reads it
         self._lock_data_dir()
         try:
-            await self._run(task_status)
+            while True:
+                self._restart_reason = None
+                await self._run(task_status)
+                if self._restart_reason is None or self._stop.is_set():
+                    break
+                self.restarts += 1
+                logger.warning("event=restarting reason=%r restarts=%d detail='memory is rebuilt from the log on "
+                               "disk'", self._restart_reason, self.restarts)
+                task_status = trio.TASK_STATUS_IGNORED  # started once, by the first run
         finally:
+            if self._listeners is not None:
+                close_all(self._listeners)
             os.close(self._lock_fd)
 
     def _lock_data_dir(self) -> None:
@@ -192,7 +219,7 @@ class Server:
         replicator = None
         if config.cluster:  # only a cluster node loads the cluster modules
             replicator, self.coordinator = self._cluster_node(state, writer, steps, clock,
-                                                              self.run_blocking or disk_thread.run_sync)
+                                                              self.run_blocking or disk_thread.run_sync, recovered)
             api.cluster = self.coordinator
         writer_done = trio.Event()
 
@@ -211,7 +238,13 @@ class Server:
             await self._apply_auth(auth_file, api)  # pauses are read from the log: after recovery
             self._reloads = send_reload
             core.start_soon(self._reload_forever, receive_reload, api)
-            listeners = open_listeners(config.host, config.port)
+            if self._listeners is None:  # a restart keeps them: clients wait in the backlog meanwhile
+                self._listeners = open_listeners(config.host, config.port)
+            listeners = self._listeners
+            wake = self._wake = trio.Event()
+            if self._stop.is_set() or self._restart_reason is not None:
+                wake.set()
+            restart = False
             try:
                 self.port = listeners[0].getsockname()[1]
                 async with trio.open_nursery() as connections:
@@ -223,22 +256,29 @@ class Server:
                                     http.connections_allowed, "true" if _native.COMPILED else "false")
                         task_status.started(self)
                         self._notify_ready()
-                        await self._stop.wait()
-                        logger.info("event=shutdown_started connections=%d requests_in_flight=%d",
-                                    http.connections, http.requests_in_flight)
-                        self.notifier.stopping(f"stopping: {http.requests_in_flight} requests in flight")
+                        await wake.wait()
+                        restart = self._restart_reason is not None and not self._stop.is_set()
+                        logger.info("event=%s connections=%d requests_in_flight=%d",
+                                    "restart_started" if restart else "shutdown_started", http.connections,
+                                    http.requests_in_flight)
+                        if not restart:
+                            self.notifier.stopping(f"stopping: {http.requests_in_flight} requests in flight")
                         router.draining = http.draining = True
                         steps.run(Drain())  # parked pops answer 503 now, not at the end of their wait
                         accept.cancel_scope.cancel()
-                    close_all(listeners)  # no new connections while the last requests finish
-                    with trio.move_on_after(config.shutdown_grace_s):
+                    if not restart:
+                        close_all(listeners)  # no new connections while the last requests finish
+                    # A restarting node serves no client (it does not lead): little to wait for.
+                    with trio.move_on_after(min(config.shutdown_grace_s, 1.0) if restart else config.shutdown_grace_s):
                         await http.wait_no_requests()
                     connections.cancel_scope.cancel()
                 if self.coordinator is not None:
                     with trio.move_on_after(2):
                         await self.coordinator.resign()  # the others need not wait for the lease
             finally:
-                close_all(listeners)  # a cancelled run (a crash under test) closes them too
+                self._wake = None
+                if not restart:
+                    close_all(listeners)  # a cancelled run (a crash under test) closes them too
             writer.close()
             await writer_done.wait()
             core.cancel_scope.cancel()
@@ -246,22 +286,27 @@ class Server:
             disk_thread.close()
         logger.info("event=shutdown_complete durable_version=%d", writer.durable_version)
 
-    def _cluster_node(self, state, writer, steps, clock, run_blocking):
+    def _cluster_node(self, state, writer, steps, clock, run_blocking, recovered):
+        from queen.cluster import faults
         from queen.cluster.coordinator import Coordinator, Settings
         from queen.cluster.etcd import EtcdClient
         from queen.cluster.replication import Replicator
         from queen.config import host_port
 
         config = self.config
+        if self._faults is None:  # read once per process; a restart keeps them
+            self._faults = faults.read(os.environ)
         replicator = Replicator(node_id=config.node_id, data_dir=config.data_dir,
                                 listen=host_port(config.replication_listen), state=state, writer=writer, steps=steps,
-                                clock=clock, disk=self.disk, run_blocking=run_blocking)
+                                clock=clock, disk=self.disk, run_blocking=run_blocking, recovered=recovered,
+                                cluster=config.cluster, faults=self._faults)
         settings = Settings(config.cluster, config.node_id, config.advertise.rstrip("/"), config.replication_listen,
                             leader_ttl_s=config.leader_ttl_s, sync_mode=config.sync_mode,
                             lease_grace_s=config.lease_grace_s)
         etcd = EtcdClient([url.strip() for url in config.etcd.split(",") if url.strip()],
                           timeout_s=min(1.0, config.leader_ttl_s / 4))
-        return replicator, Coordinator(settings, etcd, replicator, writer)
+        return replicator, Coordinator(settings, etcd, replicator, writer, faults=self._faults,
+                                       restart=self.request_restart)
 
     def _notify_ready(self) -> None:
         if not self._stop.is_set():  # once stopping, the manager is told nothing else

@@ -1,0 +1,68 @@
+"""Test-only switches of a cluster node: deliberate bugs and test plumbing for the failover suite
+(tests/cluster/). Production never sets them; a node that finds any says so loudly at start.
+
+Read once, when a cluster node starts (`read(environ)`), and passed to the coordinator and the
+replicator as one `Faults` value; nothing else in the server looks at the environment for these.
+
+  QUEEN_TEST_FOLLOWER_ACK_BEFORE_FSYNC  a follower acks frames on receipt, before writing and fsyncing them
+  QUEEN_TEST_NO_EPOCH_CHECK             a follower takes frames of any epoch, an older one included
+  QUEEN_TEST_IGNORE_CEILING             a new leader's versions go on from its own log, ignoring etcd's ceiling
+  QUEEN_TEST_NO_LEASE_GRACE             EPOCH carries no grace: applying it extends no lease
+  QUEEN_TEST_NO_SELF_FENCE              a leader cut from etcd neither fences itself nor steps down
+  QUEEN_TEST_NO_HEARD_LEADER_RULE       a sync follower campaigns even while it still hears a serving leader
+  QUEEN_TEST_REPLICATION_DIAL           JSON {leader node: "host:port"}: the address a follower dials for
+                                        that leader's replication instead of the one in etcd (per-link proxies)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+_BUGS = {
+    "QUEEN_TEST_FOLLOWER_ACK_BEFORE_FSYNC": "ack_before_fsync",
+    "QUEEN_TEST_NO_EPOCH_CHECK": "no_epoch_check",
+    "QUEEN_TEST_IGNORE_CEILING": "ignore_ceiling",
+    "QUEEN_TEST_NO_LEASE_GRACE": "no_lease_grace",
+    "QUEEN_TEST_NO_SELF_FENCE": "no_self_fence",
+    "QUEEN_TEST_NO_HEARD_LEADER_RULE": "no_heard_leader_rule",
+}
+REPLICATION_DIAL = "QUEEN_TEST_REPLICATION_DIAL"
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    ack_before_fsync: bool = False
+    no_epoch_check: bool = False
+    ignore_ceiling: bool = False
+    no_lease_grace: bool = False
+    no_self_fence: bool = False
+    no_heard_leader_rule: bool = False
+    replication_dial: dict[str, str] = field(default_factory=dict)
+
+    def dial(self, leader: str, address: str) -> str:
+        """The host:port to dial for `leader`'s replication (etcd says `address`)."""
+        return self.replication_dial.get(leader, address)
+
+
+NONE = Faults()
+
+
+def read(environ) -> Faults:
+    """The switches set in `environ`, with one warning line per switch found."""
+    flags = {attribute: environ.get(name, "") not in ("", "0") for name, attribute in _BUGS.items()}
+    dial = {}
+    raw = environ.get(REPLICATION_DIAL, "")
+    if raw:
+        dial = {str(node): str(address) for node, address in json.loads(raw).items()}
+    for name, attribute in _BUGS.items():
+        if flags[attribute]:
+            logger.warning("event=TEST_FAULT_ENABLED switch=%s detail='a deliberate bug for the failover suite: "
+                           "never set this in production'", name)
+    if dial:
+        logger.warning("event=TEST_FAULT_ENABLED switch=%s detail='replication dialled through %s'", REPLICATION_DIAL,
+                       raw)
+    return Faults(**flags, replication_dial=dial)
