@@ -26,6 +26,7 @@ import tempfile
 import time
 
 from bench import diskprobe, queue_sessions, report, sysinfo
+from bench.cluster import CLUSTER_SIZES, QueenCluster, cluster_missing, cluster_system
 from bench.loadgen import ENGINES, Generator
 from bench.profile import Profiler
 from bench.servers import (
@@ -42,7 +43,7 @@ from bench.servers import (
     redis_server,
 )
 from bench.sessions import authorized, redis_setup_commands
-from bench.systems import DURABLE_SYSTEMS
+from bench.systems import CLUSTER_SYSTEMS, DURABLE_SYSTEMS
 from bench.workloads import (
     FAMILY,
     KEYS_TOTAL,
@@ -99,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma list of peers run beside Queen: redis (appendfsync always, and no persistence), "
                              "etcd, postgres (15, synchronous_commit on), nats (JetStream, file storage); 'none' for "
                              "Queen alone (default redis,etcd,postgres,nats)")
+    parser.add_argument("--cluster", type=int, choices=CLUSTER_SIZES, default=None, metavar="N",
+                        help="also run Queen as an N-node cluster on loopback (one etcd member, a leader and a "
+                             "synchronous standby, all pinned to the server CPUs) and report it beside single-node "
+                             "Queen, as cluster ÷ single; N is 2 (the leader keeps one follower in its sync set)")
     parser.add_argument("--out", default=None, help="output directory (default bench/out/<timestamp>)")
     parser.add_argument("--quick", action="store_true",
                         help=f"a smoke check under 60 s: 1 s runs after 0.3 s warm-up, 16 connections, 1 and 64 ops, "
@@ -144,6 +149,12 @@ def chosen_systems(args) -> tuple[list[str], dict[str, str]]:
     if unknown:
         raise SystemExit(f"bench: unknown peer(s) {', '.join(unknown)}; known: {', '.join(PEERS)}")
     systems, missing = ["queen"], {}
+    if args.cluster:
+        why = cluster_missing()
+        if why is None:
+            systems.append(cluster_system(args.cluster))
+        else:
+            missing[cluster_system(args.cluster)] = why
     for name in names:
         for system in PEERS[name]:
             why = peer_missing(system)
@@ -311,6 +322,8 @@ def run_one(args, system: str, server: ServerProcess, workload: Workload, ops: i
 def _run_one(args, system: str, server: ServerProcess, workload: Workload, ops: int, connections: int, profiled: bool,
              out_dir: str, disk: dict, loader_args: tuple) -> dict:
     tag = run_tag()
+    if isinstance(server, QueenCluster):
+        server.wait_ready()  # the leader may have moved, or its standby be catching up: measure neither
     if workload.queue:
         loader_args = loader_args + prepare_queue(args, system, server, workload, ops, tag)
     generator = make_generator(args, system, server, workload, ops, connections, tag, loader_args)
@@ -325,8 +338,8 @@ def measure(args, system: str, server: ServerProcess, workload: Workload, ops: i
             out_dir: str, disk: dict, generator) -> dict:
     duration_s, warmup_s = args.duration, args.warmup
     generator.start()
-    is_queen = system == "queen"
-    has_metrics = system in ("queen", "etcd")
+    is_queen = FAMILY[system] == "queen"  # a cluster's figures are its leader's
+    has_metrics = FAMILY[system] in ("queen", "etcd")
     _, t_measure, t_end = generator.go(warmup_s, duration_s)
     _sleep_until_ns(t_measure)
     profiler = None
@@ -335,6 +348,9 @@ def measure(args, system: str, server: ServerProcess, workload: Workload, ops: i
         profiler = Profiler(server.pid, duration_s, os.path.join(out_dir, name), args.generator_cpus or None)
         profiler.start()
     pids = {"server": [server.pid], "generator": generator.pids}
+    cluster = isinstance(server, QueenCluster)
+    if cluster:  # the standby and etcd, each its own column: "server" stays the leader
+        pids.update(server.cpu_roles())
     if profiler is not None:
         pids["profiler"] = [profiler.process.pid]
     metrics_before = server.metrics() if has_metrics else {}
@@ -346,6 +362,10 @@ def measure(args, system: str, server: ServerProcess, workload: Workload, ops: i
     cpu = cpu_after.since(cpu_before)
     if server.process.poll() is not None:
         tally.error("server_died", f"{server.name} exited with {server.process.returncode} during the run")
+    if cluster:
+        trouble = server.check_after_run()
+        if trouble:  # a failover or a dropped standby: the figures are not those of leader + sync standby
+            tally.error("cluster_changed", trouble)
     if tally.completed == 0:
         # Nothing answered inside the window: a stalled server or loader, never a rate of zero.
         tally.error("no_answers", f"no request completed in the {duration_s} s window ({tally.answered} answered in all)")
@@ -377,23 +397,29 @@ def measure(args, system: str, server: ServerProcess, workload: Workload, ops: i
         "timers": (report.timer_figures(metrics_before, metrics_after, cpu["wall_s"])
                    if is_queen and workload.name.startswith("timer-") else None),
         "other_histograms": {name: h.summary_us() for name, h in tally.histograms.items()},
-        "fsync": report.fsync_figures(system, metrics_before, metrics_after, cpu["wall_s"], disk),
+        "fsync": report.fsync_figures(FAMILY[system], metrics_before, metrics_after, cpu["wall_s"], disk),
         "durable": system in DURABLE_SYSTEMS,
     }
     run["generator_us_per_request"] = (round(cpu["processes_pct_of_core"]["generator"] / 100 / run["requests_per_s"] * 1e6, 1)
                                        if run["requests_per_s"] else None)
     run["server_us_per_request"] = (round(cpu["processes_pct_of_core"]["server"] / 100 / run["requests_per_s"] * 1e6, 1)
                                     if run["requests_per_s"] else None)
-    run["bottleneck"] = report.bottleneck(cpu, len(args.server_cpus) or os.cpu_count(),
+    if cluster:
+        for role in ("standby", "etcd"):
+            run[f"{role}_us_per_request"] = (round(cpu["processes_pct_of_core"][role] / 100 / run["requests_per_s"] * 1e6, 1)
+                                             if run["requests_per_s"] else None)
+    run["bottleneck"] = report.bottleneck(report.server_side_cpu(cpu), len(args.server_cpus) or os.cpu_count(),
                                           len(args.generator_cpus) or os.cpu_count(), run["fsync"], run["durable"])
     if profiler is not None:
         run["profile"] = profiler.finish()
     return run
 
 
-def start_servers(targets: list[str], args, out_dir: str, data_parent: str) -> tuple[dict, dict]:
-    """Every server the session needs, started and healthy: ({target: server}, {target: data dir})."""
-    servers, data_dirs = {}, {}
+def start_servers(targets: list[str], args, out_dir: str, data_parent: str) -> tuple[dict, dict, dict]:
+    """Every server the session needs, started and healthy: ({target: server}, {target: data dir},
+    {target: why it did not start}). Only a cluster may fail to start without ending the session:
+    it is new, and single-node Queen's figures stand without it."""
+    servers, data_dirs, failed = {}, {}, {}
     cpus = args.server_cpus or None
     try:
         for target in targets:
@@ -403,6 +429,10 @@ def start_servers(targets: list[str], args, out_dir: str, data_parent: str) -> t
             if target == "queen":
                 server = queen_server(data_dirs[target], log_path, cpus, REPO_ROOT,
                                       tls_dir=os.path.join(out_dir, "tls-queen") if args.tls else None)
+            elif target in CLUSTER_SYSTEMS:
+                if args.tls:
+                    raise SystemExit("bench: --cluster runs without --tls")
+                server = QueenCluster(target, args.cluster, data_dirs[target], out_dir, cpus, REPO_ROOT)
             elif target == "baseline":
                 server = baseline_server(log_path, cpus, REPO_ROOT,
                                          tls_dir=os.path.join(out_dir, "tls-baseline") if args.tls else None)
@@ -415,9 +445,20 @@ def start_servers(targets: list[str], args, out_dir: str, data_parent: str) -> t
             else:
                 server = etcd_server(data_dirs[target], log_path, cpus)
             servers[target] = server
-            _say(f"starting {server.name} on {HOST}:{server.port}"
-                 + (f", data dir {data_dirs[target]}" if target in data_dirs else ""))
-            server.start()
+            if isinstance(server, QueenCluster):
+                _say(f"starting {server.name}: etcd on {HOST}:{server.etcd.port}, nodes on "
+                     f"{', '.join(f'{HOST}:{node.port}' for node in server.nodes)}, data dirs under {data_dirs[target]}")
+                try:
+                    server.start()
+                except RuntimeError as error:
+                    _say(f"  FAILED: {error}")
+                    failed[target] = f"failed to start: {error}"
+                    continue
+                _say(f"  {server.leader.name} leads epoch {server.epoch}, its standby in sync")
+            else:
+                _say(f"starting {server.name} on {HOST}:{server.port}"
+                     + (f", data dir {data_dirs[target]}" if target in data_dirs else ""))
+                server.start()
             if FAMILY[target] == "redis":
                 replies = redis_call(server.port, redis_setup_commands())
                 if any(not isinstance(reply, bytes) for reply in replies):
@@ -425,21 +466,25 @@ def start_servers(targets: list[str], args, out_dir: str, data_parent: str) -> t
     except BaseException:
         stop_servers(servers, data_dirs, args, {"servers": [], "notes": []})
         raise
-    return servers, data_dirs
+    return servers, data_dirs, failed
 
 
 def stop_servers(servers: dict, data_dirs: dict, args, document: dict) -> None:
     for target, server in servers.items():
         server.stop()
-        document["servers"].append({"name": server.name, "pid": server.process.pid if server.process else None,
-                                    "port": server.port, "exit_code": server.exit_code, "killed": server.killed,
-                                    "log": os.path.basename(server.log_path)})
-        # etcd and Redis end on SIGTERM by re-raising it (exit -15 as Popen sees it), and nats-server
-        # 2.9 exits 1 after logging a clean shutdown: each is a clean stop.
-        clean = (0, -signal.SIGTERM, 1) if target == "nats" else (0, -signal.SIGTERM)
-        if server.exit_code not in clean or server.killed:
-            document["notes"].append(f"{server.name} exited with {server.exit_code}"
-                                     f"{' after SIGKILL' if server.killed else ''}; see {os.path.basename(server.log_path)}")
+        for process in (server.members if isinstance(server, QueenCluster) else [server]):
+            if process.process is None:  # never started (a cluster node after an earlier one failed)
+                continue
+            document["servers"].append({"name": process.name, "pid": process.process.pid if process.process else None,
+                                        "port": process.port, "exit_code": process.exit_code, "killed": process.killed,
+                                        "log": os.path.basename(process.log_path)})
+            # etcd and Redis end on SIGTERM by re-raising it (exit -15 as Popen sees it), and nats-server
+            # 2.9 exits 1 after logging a clean shutdown: each is a clean stop.
+            clean = (0, -signal.SIGTERM, 1) if target == "nats" else (0, -signal.SIGTERM)
+            if process.exit_code not in clean or process.killed:
+                document["notes"].append(f"{process.name} exited with {process.exit_code}"
+                                         f"{' after SIGKILL' if process.killed else ''}; see "
+                                         f"{os.path.basename(process.log_path)}")
         if target in data_dirs and not args.keep_data:
             shutil.rmtree(data_dirs[target], ignore_errors=True)
 
@@ -479,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                      "engine": args.engine, "processes": args.processes, "server_cpus": args.server_cpus,
                      "generator_cpus": args.generator_cpus, "keys_total": args.keys,
                      "wait_quiet_s": args.wait_quiet, "connections": args.connections, "ops": args.ops,
-                     "workloads": args.workloads, "peers": args.peers},
+                     "workloads": args.workloads, "peers": args.peers, "cluster": args.cluster},
         "systems": systems,
         "peers_missing": missing,
         "runs": [],
@@ -494,7 +539,14 @@ def main(argv: list[str] | None = None) -> int:
     # Every server stays up for the whole session (an idle one costs nothing), so the rounds can
     # interleave the workloads: a slow minute on a shared host then spreads over all of them
     # instead of landing on one.
-    servers, data_dirs = start_servers(targets, args, out_dir, data_parent)
+    servers, data_dirs, failed_to_start = start_servers(targets, args, out_dir, data_parent)
+    for target, why in failed_to_start.items():  # reported where the system would be, and an error
+        dropped = [run for run in runs if run[1] == target]
+        runs = [run for run in runs if run[1] != target]
+        document["systems"].remove(target)
+        document["peers_missing"][target] = why
+        document["notes"].append(f"{target}: {why}; its {len(dropped)} run(s) not made")
+        document["failed_runs"] = document.get("failed_runs", 0) + len(dropped)
     preloaded = set()
     peaks: dict[str, float | None] = {}  # queue-peak's rate per system, the pace of queue-latency
     try:

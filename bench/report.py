@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 
-from bench.systems import PEER_LABELS, PEER_NOTES, SYSTEMS
+from bench.systems import CLUSTER_SYSTEMS, PEER_LABELS, PEER_NOTES, SYSTEMS
 
 # A side whose process used at least this share of its core was the one that set the pace.
 SATURATED_PCT = 90.0
@@ -68,6 +68,16 @@ def bottleneck(cpu: dict, server_cores: int, generator_cores: int, fsync: dict |
     if fsync and (fsync.get("fsync_busy_pct") or 0) >= DISK_BUSY_PCT:
         return "disk"
     return "latency (fsync waits)" if durable else "latency"
+
+
+def server_side_cpu(cpu: dict) -> dict:
+    """cpu with "server" standing for every process on the server CPUs: a cluster's leader, its
+    standby and etcd share them, so together they are what saturates the server side."""
+    processes = cpu["processes_pct_of_core"]
+    if "standby" not in processes:
+        return cpu
+    together = sum(processes.get(role, 0.0) for role in ("server", "standby", "etcd"))
+    return dict(cpu, processes_pct_of_core=dict(processes, server=together))
 
 
 def fsync_figures(system: str, before: dict, after: dict, wall_s: float, disk: dict) -> dict | None:
@@ -177,6 +187,10 @@ def derive(document: dict) -> None:
             "server_cpu_pct": _median([run["cpu"]["processes_pct_of_core"].get("server", 0) for run in runs]),
             "generator_cpu_pct": _median([run["cpu"]["processes_pct_of_core"].get("generator", 0) for run in runs]),
             "server_us_per_request": _median([run["server_us_per_request"] or 0 for run in runs]),
+            **{f"{role}_us_per_request": _median([run.get(f"{role}_us_per_request") or 0 for run in runs])
+               for role in ("standby", "etcd") if f"{role}_us_per_request" in runs[0]},
+            **{f"{role}_cpu_pct": _median([run["cpu"]["processes_pct_of_core"].get(role, 0) for run in runs])
+               for role in ("standby", "etcd") if role in runs[0]["cpu"]["processes_pct_of_core"]},
             "bottleneck": sorted(run["bottleneck"] for run in runs)[len(runs) // 2],
             "durable": runs[0].get("durable", False),
             "fsync": runs[len(runs) // 2].get("fsync"),
@@ -190,6 +204,7 @@ def derive(document: dict) -> None:
             row["ceiling_ratio"] = round(row["requests_per_s"] / ceiling, 3)
     document["summary"] = summary
     document["comparison"] = comparison(summary)
+    document["cluster_comparison"] = cluster_comparison(summary)
     systems = document.get("systems", [])
     document["goals"] = lock_goals(summary, systems) + queue_goals(summary, systems) + txn_timer_goals(summary, systems)
 
@@ -213,6 +228,42 @@ def comparison(summary: list[dict]) -> list[dict]:
         shape["queen_over"] = {system: (round(queen / rate, 3) if queen is not None and rate else None)
                                for system, rate in shape["rates"].items() if system != "queen"}
         rows.append(shape)
+    return rows
+
+
+def cluster_comparison(summary: list[dict]) -> list[dict]:
+    """One row per shape a Queen cluster ran: its rate and latency beside single-node Queen's,
+    cluster ÷ single, and what each of its processes spent per request (the leader's extra = its
+    µs/req minus single Queen's at the same shape)."""
+    singles = {(row["workload"], row["ops"], row["connections"]): row for row in summary if row["system"] == "queen"}
+    rows = []
+    for row in summary:
+        if row["system"] not in CLUSTER_SYSTEMS:
+            continue
+        single = singles.get((row["workload"], row["ops"], row["connections"]))
+
+        def over(name, row=row, single=single):
+            return round(row[name] / single[name], 3) if single and single[name] and row[name] is not None else None
+
+        leader_us = row["server_us_per_request"]
+        rows.append({
+            "system": row["system"], "workload": row["workload"], "unit": row["unit"], "ops": row["ops"],
+            "connections": row["connections"],
+            "single_rate": single["rate_per_s"] if single else None, "cluster_rate": row["rate_per_s"],
+            "rate_ratio": over("rate_per_s"), "p50_ratio": over("p50_us"), "p99_ratio": over("p99_us"),
+            "single_p50_us": single["p50_us"] if single else None, "cluster_p50_us": row["p50_us"],
+            "single_p99_us": single["p99_us"] if single else None, "cluster_p99_us": row["p99_us"],
+            "single_us_per_request": single["server_us_per_request"] if single else None,
+            "leader_us_per_request": leader_us,
+            "leader_extra_us_per_request": (round(leader_us - single["server_us_per_request"], 1)
+                                            if single and leader_us and single["server_us_per_request"] else None),
+            "standby_us_per_request": row.get("standby_us_per_request"),
+            "etcd_us_per_request": row.get("etcd_us_per_request"),
+            "leader_cpu_pct": row["server_cpu_pct"], "standby_cpu_pct": row.get("standby_cpu_pct"),
+            "etcd_cpu_pct": row.get("etcd_cpu_pct"),
+            "bottleneck": row["bottleneck"], "single_bottleneck": single["bottleneck"] if single else None,
+            "errors": row["errors"] + (single["errors"] if single else 0),
+        })
     return rows
 
 
@@ -359,6 +410,47 @@ def _timer_section(document: dict) -> list[str]:
     return lines
 
 
+def _cluster_section(document: dict) -> list[str]:
+    """A Queen cluster beside single-node Queen, shape by shape; or why it did not run."""
+    missing = {system: why for system, why in document.get("peers_missing", {}).items() if system in CLUSTER_SYSTEMS}
+    rows = document.get("cluster_comparison", [])
+    if not rows and not missing:
+        return []
+    lines = ["## Queen cluster ÷ single node", ""]
+    for system, why in missing.items():
+        lines += [f"{PEER_LABELS[system]}: **{why}**.", ""]
+    if not rows:
+        return lines
+    lines += ["The same workloads against the leader of a cluster (one etcd member, leader and synchronous standby, all "
+              "on the server CPUs) and against a single Queen. Ratios are cluster ÷ single (rate: below 1 is slower; "
+              "latency: above 1 is slower). CPU per request in µs, over the same window: single = the single "
+              "Queen's; leader and standby = the cluster's nodes; leader extra = leader − single. etcd works by the "
+              "clock (the leader's lease keep-alives, the coordinator's polls, version-ceiling reservations), not "
+              "per request, so its column is % of a core. Bound by: the cluster's side counts leader + standby + "
+              "etcd together, as they share the server CPUs.", "",
+              "| workload | unit | ops | conns | single | cluster | rate ÷ | p50 ms single / cluster | "
+              "p99 ms single / cluster | single µs/req | leader µs/req | leader extra | standby µs/req "
+              "| CPU % leader / standby / etcd | bound by (single, cluster) |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for row in rows:
+        errors = f" **{row['errors']} errors**" if row["errors"] else ""
+        lines.append(
+            f"| {row['workload']} | {row['unit']}/s | {row['ops']} | {row['connections']} | {_num(row['single_rate'])} "
+            f"| {_num(row['cluster_rate'])}{errors} | {_num(row['rate_ratio'], 2)} "
+            f"| {_ms(row['single_p50_us'])} / {_ms(row['cluster_p50_us'])} "
+            f"| {_ms(row['single_p99_us'])} / {_ms(row['cluster_p99_us'])} "
+            f"| {_num(row['single_us_per_request'])} | {_num(row['leader_us_per_request'])} "
+            f"| {_signed(row['leader_extra_us_per_request'])} | {_num(row['standby_us_per_request'])} "
+            f"| {_num(row['leader_cpu_pct'])} / {_num(row['standby_cpu_pct'])} / {_num(row['etcd_cpu_pct'], 1)} "
+            f"| {_short_bound(row['single_bottleneck'] or '–')}, {_short_bound(row['bottleneck'])} |")
+    lines.append("")
+    return lines
+
+
+def _signed(value):
+    return "–" if value is None else f"{value:+,.0f}"
+
+
 def _ms(value_us):
     return "–" if value_us is None else f"{value_us / 1000:.2f}"
 
@@ -435,6 +527,7 @@ def markdown(document: dict) -> str:
             lines.append(f"| {row['workload']} | {row['unit']}/s | {row['ops']} | {row['connections']} | "
                          + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {bounds} |")
         lines.append("")
+    lines += _cluster_section(document)
     if document.get("goals"):
         lines += ["## Goals (durable, server and loader on separate cores)", ""]
         for verdict in document["goals"]:

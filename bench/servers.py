@@ -117,16 +117,19 @@ class ServerProcess:
 
 
 def queen_server(data_dir: str, log_path: str, cpus: list[int] | None, repo_root: str,
-                 tls_dir: str | None = None, auth_dir: str | None = None) -> ServerProcess:
+                 tls_dir: str | None = None, auth_dir: str | None = None, name: str = "queen",
+                 extra_args=None) -> ServerProcess:
     """tls_dir: serve HTTPS, with a certificate for 127.0.0.1 made there (and its CA, which the
     bench's clients trust). auth_dir: run with an auth file made there, whose admin token (of a
-    named tenant, so every name is stored under its prefix) the bench's clients send."""
+    named tenant, so every name is stored under its prefix) the bench's clients send.
+    extra_args(port): more flags, given the HTTP port chosen (a cluster node advertises it)."""
     port = free_port()
     argv = [sys.executable, "-m", "queen", "serve", "--host", HOST, "--port", str(port), "--data-dir", data_dir]
     tls_args, ca_file = _tls_files(tls_dir)
     auth_args, token = _auth_file(auth_dir, repo_root)
-    return ServerProcess("queen", argv + tls_args + auth_args, port, log_path, cpus, cwd=repo_root, ca_file=ca_file,
-                         token=token)
+    more = extra_args(port) if extra_args else []
+    return ServerProcess(name, argv + tls_args + auth_args + more, port, log_path, cpus, cwd=repo_root,
+                         ca_file=ca_file, token=token)
 
 
 def _auth_file(auth_dir: str | None, repo_root: str) -> tuple[list[str], str | None]:
@@ -238,7 +241,7 @@ def redis_server(system: str, data_dir: str, log_path: str, cpus: list[int] | No
     return ServerProcess(system, argv, port, log_path, cpus, health=_redis_health)
 
 
-def etcd_server(data_dir: str, log_path: str, cpus: list[int] | None) -> ServerProcess:
+def etcd_server(data_dir: str, log_path: str, cpus: list[int] | None, name: str = "etcd") -> ServerProcess:
     """Single-node etcd on 127.0.0.1, its data dir on the same disk as Queen's. Defaults otherwise:
     etcd fsyncs its WAL before it answers a write, as Queen does."""
     port, peer_port = free_port(), free_port()
@@ -248,7 +251,7 @@ def etcd_server(data_dir: str, log_path: str, cpus: list[int] | None) -> ServerP
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"bench={peer}", "--initial-cluster-state", "new",
             "--log-level", "warn", "--logger", "zap", "--log-outputs", "stderr"]
-    return ServerProcess("etcd", argv, port, log_path, cpus, health=_etcd_health)
+    return ServerProcess(name, argv, port, log_path, cpus, health=_etcd_health)
 
 
 def _postgres_health(port: int) -> bool:

@@ -36,9 +36,11 @@ RING_REQUESTS_MAX = 1024
 
 # Systems, and the family (driver) each belongs to. Both Redis systems speak the same protocol;
 # only the server's persistence settings differ.
-FAMILY = {"queen": "queen", "baseline": "baseline", "redis-aof": "redis", "redis-mem": "redis", "etcd": "etcd",
-          "postgres": "postgres", "nats": "nats"}
-SYSTEM_ORDER = ("queen", "baseline", "redis-aof", "redis-mem", "etcd", "postgres", "nats")  # run order within one shape
+# A Queen cluster (bench/cluster.py) is driven as Queen is: through its leader.
+FAMILY = {"queen": "queen", "queen-cluster2": "queen", "baseline": "baseline", "redis-aof": "redis",
+          "redis-mem": "redis", "etcd": "etcd", "postgres": "postgres", "nats": "nats"}
+SYSTEM_ORDER = ("queen", "queen-cluster2", "baseline", "redis-aof", "redis-mem", "etcd", "postgres",
+                "nats")  # run order within one shape
 # Consumers of queue-cycle and queue-latency (and producers of queue-latency): the shape,
 # 16 consumers over 64 partitions, whatever --connections says.
 QUEUE_CONSUMERS = 16
