@@ -299,9 +299,12 @@ class Coordinator:
     (queen/cluster/replication.py); writer: its ceiling_allowed / ceiling_wanted are driven here."""
 
     def __init__(self, settings: Settings, etcd: EtcdClient, replicator, writer, *, clock=trio.current_time,
-                 faults: test_faults.Faults = test_faults.NONE, restart=None):
+                 faults: test_faults.Faults = test_faults.NONE, restart=None, on_leading=None):
         """restart(reason): the server's way to run again on the same data dir, when the replicator
-        says this node's files were corrected or its memory may differ from them (RestartNeeded)."""
+        says this node's files were corrected or its memory may differ from them (RestartNeeded).
+        on_leading(): awaited once EPOCH is durable, before this node serves (the server refreshes
+        what it keeps beside the state, such as tenant pauses)."""
+        self.on_leading = on_leading
         self.settings = settings
         self.faults = faults
         self.restart = restart
@@ -520,6 +523,8 @@ class Coordinator:
                     nursery.start_soon(self._ceiling_loop)
                     await self.replicator.lead(epoch, self.sync.members, version_floor=etcd_ceiling,
                                                grace_ms=self.settings.grace_ms)
+                    if self.role == PROMOTING and self.on_leading is not None:
+                        await self.on_leading()
                     if self.role == PROMOTING:
                         self.serving = True
                         self._set_role(LEADER)

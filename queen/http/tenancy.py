@@ -186,7 +186,9 @@ class Tenancy:
             if tenant == tenants.EVERY:
                 continue
             op = KvOp("get", tenants.prefix_of(tenant) + tenants.SETTINGS_NS, PAUSE_KEY)
-            [row] = await self.router.run_kv([op], False)
+            # From memory: a follower (or a node not yet leading) answers no read through the
+            # router, and pauses are bookkeeping, not a client's read.
+            [row] = await self.router.run_kv([op], False, from_memory=True)
             value = value_of(row["value"]) if row["found"] else None
             value = value if isinstance(value, dict) else {}
             self.paused[tenant] = {area: value[area] for area in AREAS if value.get(area) in (OPERATOR, ADMIN)}

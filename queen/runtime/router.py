@@ -67,7 +67,11 @@ class Router:
         if self.draining:
             raise Unavailable("shutting_down", "the server is shutting down")
 
-    async def run_kv(self, ops: list[KvOp], has_writes: bool) -> list[dict]:
+    async def run_kv(self, ops: list[KvOp], has_writes: bool, *, from_memory: bool = False) -> list[dict]:
+        """from_memory (reads only): answer from memory as soon as the shards have, without waiting
+        for durability or a cluster's read barrier: the server's own bookkeeping (tenant pauses),
+        on any node, where a row seen a moment before it is durable does no harm."""
+        assert not (from_memory and has_writes), "only reads may skip the durability wait"
         if has_writes:
             self.refuse_writes_if_unavailable()
         count = self.shard_count
@@ -95,7 +99,11 @@ class Router:
         call.results = [None] * slots
         call.parts_left = slots - len(spread)
         await self._send_parts(parts)
-        results = await call.result()
+        if from_memory:
+            assert not call.parts_left, "a read answers when applied"
+            results = call.results
+        else:
+            results = await call.result()
         for position, spread_slots in spread.items():
             op = ops[position]
             pieces = [results[slot] for slot in spread_slots]

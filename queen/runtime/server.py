@@ -130,9 +130,7 @@ class Server:
         before = api.gate.auth_file
         api.gate = Authenticator(auth_file)
         api.tenancy.configure(auth_file.tenant_settings if auth_file is not None else {})
-        names = {"default"} | ({t.tenant for t in auth_file.tokens} | set(auth_file.tenant_settings)
-                               if auth_file is not None else set())
-        await api.tenancy.load_pauses(sorted(names - set(api.tenancy.paused)))
+        await api.tenancy.load_pauses(sorted(_tenant_names(auth_file) - set(api.tenancy.paused)))
         if auth_file is not None and before is not None:  # a reload: what changed
             old = {token.id: token for token in before.tokens}
             new = {token.id: token for token in auth_file.tokens}
@@ -326,7 +324,13 @@ class Server:
         etcd = EtcdClient([url.strip() for url in config.etcd.split(",") if url.strip()],
                           timeout_s=min(1.0, config.leader_ttl_s / 4))
         return replicator, Coordinator(settings, etcd, replicator, writer, faults=self._faults,
-                                       restart=self.request_restart)
+                                       restart=self.request_restart, on_leading=self._now_leading)
+
+    async def _now_leading(self) -> None:
+        """Before a new leader serves: tenant pauses set on the old leader reached this node as
+        replicated rows, which its bookkeeping loaded at start has not seen: read them all again."""
+        api = self.http.app
+        await api.tenancy.load_pauses(sorted(_tenant_names(api.gate.auth_file)))
 
     def _notify_ready(self) -> None:
         if not self._stop.is_set():  # once stopping, the manager is told nothing else
@@ -383,6 +387,13 @@ class Server:
                               [shard.locks.statistics() for shard in shards],
                               [*self.http.app.request_series, self.http.unmatched],
                               metrics.process_statistics() if tenant is None else None)
+
+
+def _tenant_names(auth_file: AuthFile | None) -> set[str]:
+    """Every tenant the auth file knows, and the default one."""
+    if auth_file is None:
+        return {"default"}
+    return {"default"} | {token.tenant for token in auth_file.tokens} | set(auth_file.tenant_settings)
 
 
 def _log_on_disk(data_dir: str) -> tuple[int, int, int]:
