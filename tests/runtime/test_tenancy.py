@@ -269,3 +269,20 @@ async def trio_open(port):
     import trio
 
     return await trio.open_tcp_stream("127.0.0.1", port)
+
+
+async def test_a_new_leader_reads_the_pauses_its_rows_hold_before_it_serves(tmp_path, autojump_clock):
+    # A follower's bookkeeping of pauses is what it read at start; a pause set on the leader reaches
+    # it as a replicated row only. What the coordinator awaits before a promoted node serves
+    # (Server._now_leading) must read every tenant's row again.
+    path, who = auth_file(tmp_path, {})
+    async with open_server(tmp_path / "data", auth_file=path) as server:
+        client = HttpClient(server.port)
+        assert (await client.request("POST", "/api/v1/pause", {"kv": True}, who["admin"]))[0] == 200
+        tenancy = server.http.app.tenancy
+        tenancy.paused.clear()  # as on a follower that started before the pause
+        tenancy._refresh()
+        assert (await put(client, who["writer"], "k"))[0] == 200
+        await server._now_leading()
+        status, body = await put(client, who["writer"], "k", 2)
+        assert status == 503 and body["error"]["code"] == "paused"
