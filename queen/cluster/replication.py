@@ -81,6 +81,7 @@ HEARTBEAT_S = 0.1
 MESSAGE_BYTES_MAX = 300 << 20  # a frame holds at most 256 MiB (queen/wal/frame.py)
 CHUNK_BYTES = 1 << 20  # catch-up frames and snapshot chunks per message
 QUEUED_BYTES_MAX = 64 << 20  # a follower further behind than this is dropped; it catches up from disk
+LATE_WRITE_S = 1.5  # test-only (ack_before_fsync): how long acked frames wait before being written
 _LENGTH = struct.Struct(">I")
 _ITEMS = {HELLO: 6, DIVERGE: 3, SNAPSHOT: 5, FRAME: 7, HEARTBEAT: 4, ACK: 4, REFUSE: 2, PROBE: 4}  # at least
 
@@ -201,6 +202,7 @@ class Replicator:
         self._fsynced = 0  # follower: highest version fsynced in this stream
         self._ack_wanted = trio.Event()
         self._round_seen = 0  # follower: the newest round received in this stream
+        self._late: deque = deque()  # test-only (ack_before_fsync): (due, frames, last, ceiling) acked, unwritten
         # The read barrier (module docstring), on the leader.
         self._round = 0  # the newest round number put on a FRAME or PROBE
         self._broadcast_round = 0  # the newest one shipped to every link (a catch-up's are not)
@@ -348,6 +350,11 @@ class Replicator:
         after it, is its round trip."""
         if self.role != "leader":
             failed = self.writer.failed
+            if failed is None and not self._restart_needed:
+                # Never led in this run: the HTTP gate sends every client to the leader, so only
+                # the node's own reads of its state come here (the pauses read at start).
+                waiter.done.set()
+                return
             waiter.error = failed if isinstance(failed, Unavailable) else leader_lost("this node does not lead")
             waiter.done.set()
             return
@@ -576,6 +583,8 @@ class Replicator:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._send_acks, stream)
+                    if self.faults.ack_before_fsync:
+                        nursery.start_soon(self._write_late)
                     await self._receive_from_leader(reader, stream)
             except BaseExceptionGroup as group:
                 raise unwrap(group) from None
@@ -592,6 +601,9 @@ class Replicator:
             raise
         finally:
             self.role = "none"
+            while self._late:  # test-only bug's frames: written now, not lost by a live node
+                _, data, last, ceiling = self._late.popleft()
+                self.writer.submit_frames(data, last, ceiling)
             self.writer.replicate = None
             await stream.aclose()
 
@@ -672,7 +684,10 @@ class Replicator:
         if keep:
             if last > state.versions.last:
                 state.versions.last = last
-            self.writer.submit_frames(b"".join(keep), last, ceiling)
+            if self.faults.ack_before_fsync:  # test-only bug: acked now (below), written LATE_WRITE_S later
+                self._late.append((trio.current_time() + LATE_WRITE_S, b"".join(keep), last, ceiling))
+            else:
+                self.writer.submit_frames(b"".join(keep), last, ceiling)
         if gap:
             raise StreamEnded(gap)
         if not keep:
@@ -681,6 +696,16 @@ class Replicator:
             self._fsynced = max(self._fsynced, last)
             self._ack_wanted.set()
         return True
+
+    async def _write_late(self) -> None:
+        """Test-only (ack_before_fsync): hands acked frames to the writer LATE_WRITE_S after they
+        came, in order, so a crash of this node inside that window loses writes it acked."""
+        while True:
+            await trio.sleep(0.05)
+            now = trio.current_time()
+            while self._late and self._late[0][0] <= now:
+                _, data, last, ceiling = self._late.popleft()
+                self.writer.submit_frames(data, last, ceiling)
 
     def _appended(self, data: bytes, last_version: int) -> None:
         """The writer's hook on a follower: these frames are fsynced here."""

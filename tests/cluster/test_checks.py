@@ -49,6 +49,20 @@ def test_c1_acked_write_must_survive():
     assert checks.check_acked_writes(unknown.calls(), {"r0": None}) == []  # never acknowledged
 
 
+def test_c1_an_increment_answered_twice_was_lost():
+    def incr(value, version):
+        return {"results": [{"applied": True, "value": value, "version": version}]}
+
+    h = (History().call("a", "incr", 0, 5, incr(1, 3), key="c0", by=1)
+         .call("a", "incr", 6, 9, incr(2, 4), key="c0", by=1))
+    final = {"c0": {"value": 2, "version": 4}}
+    assert checks.check_acked_writes(h.calls(), final) == []
+    # The increment answered 2 at version 4 was rolled back; a later one (new epoch, higher
+    # version) answered 2 again: the final row alone hides it.
+    h.call("a", "incr", 20, 25, incr(2, 70_000), key="c0", by=1)
+    assert kinds(checks.check_acked_writes(h.calls(), {"c0": {"value": 2, "version": 70_000}})) == {"lost_increment"}
+
+
 def test_c1_queue_acked_push_must_be_delivered():
     pushed = History().call("a", "push", 0, 1, [{"status": "queued", "messageId": "m1"}], transaction_id="t1")
     message = {"transactionId": "t1", "messageId": "m1", "offset": 0, "partition": "p0", "retryCount": 0,

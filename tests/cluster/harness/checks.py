@@ -6,7 +6,8 @@ suite's (tests/faults/linearizability.py: Wing-Gong with Lowe's cache; tests/fau
 the fenced mutex `check_leases`, `check_total_queue`, `check_timers`); this module turns the
 workers' events into their records and adds what failover brings: epochs.
 
-  C1 check_acked_writes    every ok write is in the final state, or superseded by a higher version
+  C1 check_acked_writes    every ok write is in the final state, or superseded by a higher version;
+                           no two ok increments of a counter answered the same value
   C2 check_registers       W1 registers and W3 counters are linearizable per key
   C3 check_epochs          ok answers of epoch e carry versions below the first version of e+1, and
                            none comes from an epoch already superseded when it was invoked
@@ -149,6 +150,25 @@ def check_acked_writes(calls: list[Call], final_rows: dict[str, dict | None]) ->
         if row is None or row["version"] < version or (row["version"] == version and row["value"] != value):
             violations.append({"kind": "lost_write", "key": call.get("key"), "version": version, "value": value,
                                "final": row, "worker": call.invoke["w"], "epoch": call.epoch})
+    return violations + check_increments_kept(calls)
+
+
+def check_increments_kept(calls: list[Call]) -> list[dict]:
+    """"lost_increment": two ok incr of one key answered the same value. Each applied incr by a
+    positive step moves the counter up, so a value answered twice means the first increment was
+    rolled back (lost) and the counter came to that value again: unlike a lost put, later writes
+    cannot hide it."""
+    violations = []
+    seen: dict[tuple, Call] = {}
+    for call in calls:
+        if call.f != "incr" or not call.ok or not call.first.get("applied") or (call.get("by") or 0) <= 0:
+            continue
+        key = (call.get("key"), call.first.get("value"))
+        if key in seen:
+            violations.append({"kind": "lost_increment", "key": key[0], "value": key[1],
+                               "first": seen[key].outcome, "again": call.outcome})
+        else:
+            seen[key] = call
     return violations
 
 
