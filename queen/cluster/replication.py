@@ -350,11 +350,6 @@ class Replicator:
         after it, is its round trip."""
         if self.role != "leader":
             failed = self.writer.failed
-            if failed is None and not self._restart_needed:
-                # Never led in this run: the HTTP gate sends every client to the leader, so only
-                # the node's own reads of its state come here (the pauses read at start).
-                waiter.done.set()
-                return
             waiter.error = failed if isinstance(failed, Unavailable) else leader_lost("this node does not lead")
             waiter.done.set()
             return
