@@ -151,6 +151,7 @@ class Row:
     request: object  # Names -> (target, body)
     absent: object = None  # the other tenant's answer body -> bool: what a tenant without these things gets
     undo: object = None  # (target, body) sent by the same caller after a 2xx, to put back what it changed
+    status: int = 0  # what a caller with every right gets when not a 2xx: a cluster call on a server alone
 
 
 def _ack(n: Names) -> dict:
@@ -264,6 +265,11 @@ ROWS = [
         undo=("/api/v1/resume", {"kv": True, "queues": True})),
     Row("/api/v1/resume", "POST", ADMIN, lambda n: ("/api/v1/resume", {"kv": True, "queues": True}),
         lambda b: b["paused"] == {"kv": False, "queues": False}),
+    # the cluster (this server runs alone: the status says so, the operator's calls answer 409)
+    Row("/api/v1/cluster", "GET", READ, lambda n: ("/api/v1/cluster", None), lambda b: b["role"] == "single"),
+    Row("/api/v1/cluster/switchover", "POST", SERVER, lambda n: ("/api/v1/cluster/switchover", {}), status=409),
+    Row("/api/v1/cluster/force-promote", "POST", SERVER, lambda n: ("/api/v1/cluster/force-promote", {"node": "n2"}),
+        status=409),
     Row("/api/v1/server", "GET", READ, lambda n: ("/api/v1/server", None),
         lambda b: set(b) == {"version", "startedAt", "uptimeSeconds"}),  # the server's own figures: operator only
     Row("/metrics", "GET", READ, lambda n: ("/metrics", None),
@@ -362,8 +368,11 @@ def test_every_route_for_every_caller(world):
                 assert answer.status not in (401, 403) and answer.status < 500, (where, answer)
                 assert "www-authenticate" not in answer.headers, (where, answer)
                 if who in ("admin", "operator", "other-admin"):
-                    # A valid request by a caller with every right it needs: 2xx.
-                    assert 200 <= answer.status < 300, (where, answer)
+                    # A valid request by a caller with every right it needs: 2xx (or the row's status).
+                    if row.status:
+                        assert answer.status == row.status, (where, answer)
+                    else:
+                        assert 200 <= answer.status < 300, (where, answer)
                 if who == "other-admin" and row.absent is not None:
                     assert row.absent(answer.body), (f"{where}: not the answer of a tenant without acme's things",
                                                      answer)
