@@ -71,7 +71,7 @@ def _progress(workers, ok_count: int, timeout_s: float = 30.0) -> None:
 
 def run_scenario(tmp_path, name: str, nemesis, *, nodes: int = 3, env: dict | None = None,
                  node_env: dict | None = None, sync_mode: str | None = None, workers=WORKERS,
-                 hold_s: float = 0.0, worker_hook=None) -> Outcome:
+                 hold_s: float = 0.0, worker_hook=None, eps_ms: int = EPS_MS) -> Outcome:
     """Start etcd, the nodes and the workers; strike with nemesis(cluster, leader, workers) once the
     workers are under way; wait for them; heal; read the final state and the logs; check."""
     work = str(tmp_path)
@@ -119,7 +119,7 @@ def run_scenario(tmp_path, name: str, nemesis, *, nodes: int = 3, env: dict | No
     failovers = [(fault_wall, grace[later[0]])] if later else []
     outcome.found = checks.check_all(calls, final_rows=final, store_log=read_log(os.path.join(work, "fenced-store",
                                                                                              "store.jsonl")),
-                                     limits=LOCKS, first_versions=first_versions, failovers=failovers, eps_ms=EPS_MS)
+                                     limits=LOCKS, first_versions=first_versions, failovers=failovers, eps_ms=eps_ms)
     outcome.found["C9"] = checks.check_convergence(logs, commit)
     outcome.failover_ms = checks.failover_time_ms(calls, fault_t, epoch_before)
     outcome.calls = calls
@@ -261,6 +261,71 @@ def test_switchover_is_quick_and_loses_nothing(tmp_path):
 
 def test_n6_second_failover_inside_the_first(tmp_path):
     assert_clean(run_scenario(tmp_path, "N6", kill_new_leader_too))
+
+
+SKEW_MS = 1500
+SKEWED = "n3"
+
+
+def _make_sync_standby(cluster: QueenCluster, leader: str, node: str) -> None:
+    """Strict mode, one sync member: make `node` it, by killing the other follower (a strict
+    leader swaps an absent member for a caught-up follower at once), then start that one again."""
+    sync = (cluster.status(leader) or {}).get("sync", [])
+    if node in sync:
+        return
+    other = next(n for n in cluster.nodes if n not in (leader, node))
+    cluster.kill(other)
+    wait_until(lambda: node in ((cluster.status(leader) or {}).get("sync") or []), 30, f"{node} is the sync standby")
+    cluster.start_node(other)
+
+
+def skewed_node_takes_over(cluster: QueenCluster, leader: str, workers) -> None:
+    """N7: the node with the skewed clock becomes the sync standby, then the leader is killed: it
+    is the only node that may take over."""
+    from tests.cluster.harness.nodes import _post_json
+
+    if leader == SKEWED:  # n1 usually wins the bootstrap; if not, hand over to n1 first
+        _post_json(cluster.nodes[leader].direct_url + "/api/v1/cluster/switchover", {"to": "n1"})
+        leader = cluster.wait_leader(other_than=SKEWED)
+    _make_sync_standby(cluster, leader, SKEWED)
+    cluster.kill(leader)
+    assert cluster.wait_leader(other_than=leader) == SKEWED
+    cluster.start_node(leader)
+
+
+@pytest.mark.parametrize("skew_ms", [SKEW_MS, -SKEW_MS])
+def test_n7_skewed_clock_takes_over(tmp_path, skew_ms):
+    outcome = run_scenario(tmp_path, f"N7{skew_ms:+d}", skewed_node_takes_over, sync_mode="strict",
+                           node_env={SKEWED: {"QUEEN_TEST_WALL_OFFSET_MS": str(skew_ms)}},
+                           eps_ms=abs(skew_ms) + 50)
+    went_back = checks.check_created_at_rising(outcome.calls)
+    assert went_back == [], went_back[:3]
+    assert_clean(outcome)
+
+
+def wipe_sync_standby(cluster: QueenCluster, leader: str, workers) -> None:
+    """N8: SIGKILL the sync standby, rm -rf its data directory, start it again: the async follower
+    swaps in (strict) while it rebuilds from the leader; it must catch up and converge."""
+    standby = (cluster.status(leader) or {}).get("sync", [])[0]
+    cluster.killed_at = mono_ms()
+    cluster.kill(standby)
+    cluster.wipe(standby)
+    wait_until(lambda: standby not in ((cluster.status(leader) or {}).get("sync") or []), 30,
+               "the async follower swapped in")
+    cluster.start_node(standby)
+    wait_until(lambda: (s := cluster.status(standby)) and s.get("role") not in (None, "none")
+               and (cluster.status(leader) or {}).get("lastVersion", 0) - s.get("lastVersion", 0) < 50, 60,
+               "the wiped node caught up")
+
+
+def test_n8_follower_data_dir_wiped(tmp_path):
+    outcome = run_scenario(tmp_path, "N8", wipe_sync_standby, sync_mode="strict")
+    assert_clean(outcome, failover=False)
+    # Serving throughout: the first ok write after the kill (no new epoch: the leader stays).
+    stall = checks.failover_time_ms(outcome.calls, outcome.cluster.killed_at, None)
+    print(f"N8 first ok write after the kill: {stall} ms", file=sys.stderr)
+    RESULTS[-1]["failover_ms"] = stall
+    assert stall is not None and stall < FAILOVER_BOUND_MS, stall
 
 
 @pytest.mark.nightly
