@@ -290,17 +290,37 @@ def skewed_node_takes_over(cluster: QueenCluster, leader: str, workers) -> None:
     _make_sync_standby(cluster, leader, SKEWED)
     cluster.kill(leader)
     assert cluster.wait_leader(other_than=leader) == SKEWED
+    cluster.skew_seen = _clock_offset_ms(cluster, SKEWED)  # leading now: its clock after the floor
     cluster.start_node(leader)
 
 
-@pytest.mark.parametrize("skew_ms", [SKEW_MS, -SKEW_MS])
+def _clock_offset_ms(cluster: QueenCluster, node: str) -> float:
+    """The node's clock less this machine's: GET /api/v1/server's startedAt + uptime is its now."""
+    from tests.cluster.harness.nodes import _get_json
+
+    before = wall_ms()
+    info = _get_json(cluster.nodes[node].direct_url + "/api/v1/server", 2.0)
+    return info["startedAt"] + info["uptimeSeconds"] * 1000 - (before + wall_ms()) / 2
+
+
+# +1500 and -1500 ms: within the failover window (T_l = 2 s), so -1500 never needs the clock floor;
+# -8000 (nightly) is far behind the old leader's last time when it takes over: the floor lifts it.
+@pytest.mark.parametrize("skew_ms", [SKEW_MS, -SKEW_MS, pytest.param(-8000, marks=pytest.mark.nightly)])
 def test_n7_skewed_clock_takes_over(tmp_path, skew_ms):
+    # ε = skew + 50 ms for C6 and C7: a lease's expiresAt and a timer's `at` are read on the
+    # leader's wall clock, so a leader whose clock is ahead ends them early by up to its skew.
     outcome = run_scenario(tmp_path, f"N7{skew_ms:+d}", skewed_node_takes_over, sync_mode="strict",
                            node_env={SKEWED: {"QUEEN_TEST_WALL_OFFSET_MS": str(skew_ms)}},
                            eps_ms=abs(skew_ms) + 50)
     went_back = checks.check_created_at_rising(outcome.calls)
     assert went_back == [], went_back[:3]
     assert_clean(outcome)
+    seen = outcome.cluster.skew_seen
+    print(f"N7{skew_ms:+d}: the new leader's clock is {seen:+.0f} ms off", file=sys.stderr)
+    if skew_ms > 0 or -skew_ms < LEADER_TTL_S * 1000:  # the skew took effect (no floor needed)
+        assert abs(seen - skew_ms) < abs(skew_ms) / 2, seen
+    else:  # the floor lifted it to the old leader's last time: behind by about the failover, not the skew
+        assert seen > skew_ms * 3 / 4, seen
 
 
 def wipe_sync_standby(cluster: QueenCluster, leader: str, workers) -> None:

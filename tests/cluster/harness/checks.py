@@ -402,8 +402,8 @@ def check_created_at_rising(calls: list[Call]) -> list[dict]:
     for call in calls:
         if not call.ok or call.f not in ("push", "pop"):
             continue
-        result = call.result if isinstance(call.result, dict) else {}
-        items = result.get("messages") or result.get("results") or []
+        result = call.result  # a push answers a list of items, a pop {"messages": [...]}
+        items = result if isinstance(result, list) else result.get("messages") or [] if isinstance(result, dict) else []
         for item in items:
             if isinstance(item, dict) and "messageId" in item and "createdAt" in item:
                 stamped[int(item["messageId"])] = int(item["createdAt"])
