@@ -71,14 +71,15 @@ def _progress(workers, ok_count: int, timeout_s: float = 30.0) -> None:
 
 def run_scenario(tmp_path, name: str, nemesis, *, nodes: int = 3, env: dict | None = None,
                  node_env: dict | None = None, sync_mode: str | None = None, workers=WORKERS,
-                 hold_s: float = 0.0, worker_hook=None, eps_ms: int = EPS_MS) -> Outcome:
+                 hold_s: float = 0.0, worker_hook=None, eps_ms: int = EPS_MS, extra_args: tuple = ()) -> Outcome:
     """Start etcd, the nodes and the workers; strike with nemesis(cluster, leader, workers) once the
     workers are under way; wait for them; heal; read the final state and the logs; check."""
     work = str(tmp_path)
     outcome = Outcome(name)
     running: list[WorkerProcess] = []
     with EtcdCluster(work, 3) as etcd:
-        cluster = QueenCluster(work, etcd, nodes, leader_ttl_s=LEADER_TTL_S, sync_mode=sync_mode, env=env)
+        cluster = QueenCluster(work, etcd, nodes, leader_ttl_s=LEADER_TTL_S, sync_mode=sync_mode, env=env,
+                               extra_args=extra_args)
         cluster.node_env = dict(node_env or {})
         outcome.cluster = cluster
         try:
@@ -338,8 +339,16 @@ def wipe_sync_standby(cluster: QueenCluster, leader: str, workers) -> None:
                "the wiped node caught up")
 
 
-def test_n8_follower_data_dir_wiped(tmp_path):
-    outcome = run_scenario(tmp_path, "N8", wipe_sync_standby, sync_mode="strict")
+# Default sizes: the leader still holds its whole log, so the wiped node catches up from its disk.
+# Tiny segments and snapshots (nightly): the leader's early segments are gone, so it streams a snapshot.
+SMALL_LOG = ("--segment-bytes-max", "16384", "--snapshot-wal-bytes", "32768")
+
+
+@pytest.mark.parametrize("extra_args", [(), pytest.param(SMALL_LOG, marks=pytest.mark.nightly)],
+                         ids=["catch-up", "snapshot"])
+def test_n8_follower_data_dir_wiped(tmp_path, extra_args):
+    outcome = run_scenario(tmp_path, "N8" + ("-snapshot" if extra_args else ""), wipe_sync_standby,
+                           sync_mode="strict", extra_args=extra_args)
     assert_clean(outcome, failover=False)
     # Serving throughout: the first ok write after the kill (no new epoch: the leader stays).
     stall = checks.failover_time_ms(outcome.calls, outcome.cluster.killed_at, None)
