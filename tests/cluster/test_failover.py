@@ -341,7 +341,7 @@ def wipe_sync_standby(cluster: QueenCluster, leader: str, workers) -> None:
 
 # Default sizes: the leader still holds its whole log, so the wiped node catches up from its disk.
 # Tiny segments and snapshots (nightly): the leader's early segments are gone, so it streams a snapshot.
-SMALL_LOG = ("--segment-bytes-max", "16384", "--snapshot-wal-bytes", "32768")
+SMALL_LOG = ("--segment-bytes-max", "4096", "--snapshot-wal-bytes", "4096")
 
 
 @pytest.mark.parametrize("extra_args", [(), pytest.param(SMALL_LOG, marks=pytest.mark.nightly)],
@@ -355,6 +355,9 @@ def test_n8_follower_data_dir_wiped(tmp_path, extra_args):
     print(f"N8 first ok write after the kill: {stall} ms", file=sys.stderr)
     RESULTS[-1]["failover_ms"] = stall
     assert stall is not None and stall < FAILOVER_BOUND_MS, stall
+    if extra_args:  # the path meant: the leader sent the wiped node a snapshot
+        logs = "".join(open(node.server.stderr_path, errors="replace").read() for node in outcome.cluster.nodes.values())
+        assert "event=follower_snapshot" in logs, "no snapshot was streamed"
 
 
 @pytest.mark.nightly
