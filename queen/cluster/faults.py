@@ -13,6 +13,8 @@ replicator as one `Faults` value; nothing else in the server looks at the enviro
   QUEEN_TEST_NO_READ_BARRIER            a leader answers reads once durable here, without the round trip to its sync set
   QUEEN_TEST_NO_SELF_FENCE              a leader cut from etcd neither fences itself nor steps down
   QUEEN_TEST_NO_HEARD_LEADER_RULE       a sync follower campaigns even while it still hears a serving leader
+  QUEEN_TEST_WALL_OFFSET_MS             integer ms added to the node's wall clock at start (a skewed host clock, N7);
+                                        read before the clock is made, so every time the node shows is skewed
   QUEEN_TEST_REPLICATION_DIAL           JSON {leader node: "host:port"}: the address a follower dials for
                                         that leader's replication instead of the one in etcd (per-link proxies)
 """
@@ -35,6 +37,7 @@ _BUGS = {
     "QUEEN_TEST_NO_HEARD_LEADER_RULE": "no_heard_leader_rule",
 }
 REPLICATION_DIAL = "QUEEN_TEST_REPLICATION_DIAL"
+WALL_OFFSET = "QUEEN_TEST_WALL_OFFSET_MS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,7 @@ class Faults:
     no_self_fence: bool = False
     no_heard_leader_rule: bool = False
     replication_dial: dict[str, str] = field(default_factory=dict)
+    wall_offset_ms: int = 0
 
     def dial(self, leader: str, address: str) -> str:
         """The host:port to dial for `leader`'s replication (etcd says `address`)."""
@@ -70,4 +74,8 @@ def read(environ) -> Faults:
     if dial:
         logger.warning("event=TEST_FAULT_ENABLED switch=%s detail='replication dialled through %s'", REPLICATION_DIAL,
                        raw)
-    return Faults(**flags, replication_dial=dial)
+    wall_offset_ms = int(environ.get(WALL_OFFSET, "") or 0)
+    if wall_offset_ms:
+        logger.warning("event=TEST_FAULT_ENABLED switch=%s detail='wall clock skewed by %d ms'", WALL_OFFSET,
+                       wall_offset_ms)
+    return Faults(**flags, replication_dial=dial, wall_offset_ms=wall_offset_ms)

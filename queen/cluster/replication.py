@@ -305,7 +305,11 @@ class Replicator:
         await self._write_history()
         call = Call(1, 1)
         grace_until = 0 if self.faults.no_lease_grace else now + grace_ms  # 0: test-only bug, no lease extended
-        self.steps.run(BeginEpoch(epoch, self.node_id, previous, max(self.clock_floor_ms, now), grace_until, call))
+        # The grace covers every lease live when the old leader was last heard (the floor), not
+        # only those live now: one that ran out while nobody led could not be renewed (C6, N10).
+        # No old leader heard (bootstrap, a fresh node forced): those live now.
+        live_after = self.clock_floor_ms or now
+        self.steps.run(BeginEpoch(epoch, self.node_id, previous, live_after, grace_until, call))
         await call.result()
         logger.info("event=leading epoch=%d first_version=%d sync=%s", epoch, first, ",".join(sorted(self._sync)))
         self.steps.standby = False

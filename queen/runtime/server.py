@@ -197,7 +197,12 @@ class Server:
         # Loaded before recovery, which can take a while: a certificate that cannot be used stops
         # the start at once (TlsSetupError, naming the file).
         tls_context = server_context(config.tls_cert, config.tls_key) if config.tls_cert else None
-        clock = Clock(self.wall_at_start_ms)
+        wall_at_start_ms = self.wall_at_start_ms
+        if config.cluster:
+            self._read_cluster_faults()
+            if self._faults.wall_offset_ms:  # test-only: a skewed host clock (N7)
+                wall_at_start_ms = (wall_at_start_ms or int(time.time() * 1000)) + self._faults.wall_offset_ms
+        clock = Clock(wall_at_start_ms)
         self.started_at_ms = clock.now_ms()
         count = config.shard_count
         state = self.state = State(count, clock.now_ms(), limits=config.limits())
@@ -252,8 +257,16 @@ class Server:
             core.start_soon(tick_forever, steps, TICK_MS)
             if replicator is not None:
                 await core.start(replicator.serve)
+            # Pauses are read from the log: after recovery. A cluster node reads them from its own
+            # state before its coordinator runs: the read barrier refuses every read of a node that
+            # does not lead, and a start-up read answers no client.
+            barrier, writer.read_barrier = writer.read_barrier, None
+            try:
+                await self._apply_auth(auth_file, api)
+            finally:
+                writer.read_barrier = barrier
+            if replicator is not None:
                 core.start_soon(self.coordinator.run)  # answers 503 no_leader until it knows the leader
-            await self._apply_auth(auth_file, api)  # pauses are read from the log: after recovery
             self._reloads = send_reload
             core.start_soon(self._reload_forever, receive_reload, api)
             if self._listeners is None:  # a restart keeps them: clients wait in the backlog meanwhile
@@ -305,15 +318,13 @@ class Server:
         logger.info("event=shutdown_complete durable_version=%d", writer.durable_version)
 
     def _cluster_node(self, state, writer, steps, clock, run_blocking, recovered):
-        from queen.cluster import faults
         from queen.cluster.coordinator import Coordinator, Settings
         from queen.cluster.etcd import EtcdClient
         from queen.cluster.replication import Replicator
         from queen.config import host_port
 
         config = self.config
-        if self._faults is None:  # read once per process; a restart keeps them
-            self._faults = faults.read(os.environ)
+        self._read_cluster_faults()
         replicator = Replicator(node_id=config.node_id, data_dir=config.data_dir,
                                 listen=host_port(config.replication_listen), state=state, writer=writer, steps=steps,
                                 clock=clock, disk=self.disk, run_blocking=run_blocking, recovered=recovered,
@@ -331,6 +342,13 @@ class Server:
         replicated rows, which its bookkeeping loaded at start has not seen: read them all again."""
         api = self.http.app
         await api.tenancy.load_pauses(sorted(_tenant_names(api.gate.auth_file)))
+
+    def _read_cluster_faults(self) -> None:
+        """A cluster node's test-only switches, read once per process (a restart keeps them)."""
+        if self._faults is None:
+            from queen.cluster import faults
+
+            self._faults = faults.read(os.environ)
 
     def _notify_ready(self) -> None:
         if not self._stop.is_set():  # once stopping, the manager is told nothing else

@@ -71,14 +71,15 @@ def _progress(workers, ok_count: int, timeout_s: float = 30.0) -> None:
 
 def run_scenario(tmp_path, name: str, nemesis, *, nodes: int = 3, env: dict | None = None,
                  node_env: dict | None = None, sync_mode: str | None = None, workers=WORKERS,
-                 hold_s: float = 0.0, worker_hook=None) -> Outcome:
+                 hold_s: float = 0.0, worker_hook=None, eps_ms: int = EPS_MS, extra_args: tuple = ()) -> Outcome:
     """Start etcd, the nodes and the workers; strike with nemesis(cluster, leader, workers) once the
     workers are under way; wait for them; heal; read the final state and the logs; check."""
     work = str(tmp_path)
     outcome = Outcome(name)
     running: list[WorkerProcess] = []
     with EtcdCluster(work, 3) as etcd:
-        cluster = QueenCluster(work, etcd, nodes, leader_ttl_s=LEADER_TTL_S, sync_mode=sync_mode, env=env)
+        cluster = QueenCluster(work, etcd, nodes, leader_ttl_s=LEADER_TTL_S, sync_mode=sync_mode, env=env,
+                               extra_args=extra_args)
         cluster.node_env = dict(node_env or {})
         outcome.cluster = cluster
         try:
@@ -119,7 +120,7 @@ def run_scenario(tmp_path, name: str, nemesis, *, nodes: int = 3, env: dict | No
     failovers = [(fault_wall, grace[later[0]])] if later else []
     outcome.found = checks.check_all(calls, final_rows=final, store_log=read_log(os.path.join(work, "fenced-store",
                                                                                              "store.jsonl")),
-                                     limits=LOCKS, first_versions=first_versions, failovers=failovers, eps_ms=EPS_MS)
+                                     limits=LOCKS, first_versions=first_versions, failovers=failovers, eps_ms=eps_ms)
     outcome.found["C9"] = checks.check_convergence(logs, commit)
     outcome.failover_ms = checks.failover_time_ms(calls, fault_t, epoch_before)
     outcome.calls = calls
@@ -261,6 +262,102 @@ def test_switchover_is_quick_and_loses_nothing(tmp_path):
 
 def test_n6_second_failover_inside_the_first(tmp_path):
     assert_clean(run_scenario(tmp_path, "N6", kill_new_leader_too))
+
+
+SKEW_MS = 1500
+SKEWED = "n3"
+
+
+def _make_sync_standby(cluster: QueenCluster, leader: str, node: str) -> None:
+    """Strict mode, one sync member: make `node` it, by killing the other follower (a strict
+    leader swaps an absent member for a caught-up follower at once), then start that one again."""
+    sync = (cluster.status(leader) or {}).get("sync", [])
+    if node in sync:
+        return
+    other = next(n for n in cluster.nodes if n not in (leader, node))
+    cluster.kill(other)
+    wait_until(lambda: node in ((cluster.status(leader) or {}).get("sync") or []), 30, f"{node} is the sync standby")
+    cluster.start_node(other)
+
+
+def skewed_node_takes_over(cluster: QueenCluster, leader: str, workers) -> None:
+    """N7: the node with the skewed clock becomes the sync standby, then the leader is killed: it
+    is the only node that may take over."""
+    from tests.cluster.harness.nodes import _post_json
+
+    if leader == SKEWED:  # n1 usually wins the bootstrap; if not, hand over to n1 first
+        _post_json(cluster.nodes[leader].direct_url + "/api/v1/cluster/switchover", {"to": "n1"})
+        leader = cluster.wait_leader(other_than=SKEWED)
+    _make_sync_standby(cluster, leader, SKEWED)
+    cluster.kill(leader)
+    assert cluster.wait_leader(other_than=leader) == SKEWED
+    cluster.skew_seen = _clock_offset_ms(cluster, SKEWED)  # leading now: its clock after the floor
+    cluster.start_node(leader)
+
+
+def _clock_offset_ms(cluster: QueenCluster, node: str) -> float:
+    """The node's clock less this machine's: GET /api/v1/server's startedAt + uptime is its now."""
+    from tests.cluster.harness.nodes import _get_json
+
+    before = wall_ms()
+    info = _get_json(cluster.nodes[node].direct_url + "/api/v1/server", 2.0)
+    return info["startedAt"] + info["uptimeSeconds"] * 1000 - (before + wall_ms()) / 2
+
+
+# +1500 and -1500 ms: within the failover window (T_l = 2 s), so -1500 never needs the clock floor;
+# -8000 (nightly) is far behind the old leader's last time when it takes over: the floor lifts it.
+@pytest.mark.parametrize("skew_ms", [SKEW_MS, -SKEW_MS, pytest.param(-8000, marks=pytest.mark.nightly)])
+def test_n7_skewed_clock_takes_over(tmp_path, skew_ms):
+    # ε = skew + 50 ms for C6 and C7: a lease's expiresAt and a timer's `at` are read on the
+    # leader's wall clock, so a leader whose clock is ahead ends them early by up to its skew.
+    outcome = run_scenario(tmp_path, f"N7{skew_ms:+d}", skewed_node_takes_over, sync_mode="strict",
+                           node_env={SKEWED: {"QUEEN_TEST_WALL_OFFSET_MS": str(skew_ms)}},
+                           eps_ms=abs(skew_ms) + 50)
+    went_back = checks.check_created_at_rising(outcome.calls)
+    assert went_back == [], went_back[:3]
+    assert_clean(outcome)
+    seen = outcome.cluster.skew_seen
+    print(f"N7{skew_ms:+d}: the new leader's clock is {seen:+.0f} ms off", file=sys.stderr)
+    if skew_ms > 0 or -skew_ms < LEADER_TTL_S * 1000:  # the skew took effect (no floor needed)
+        assert abs(seen - skew_ms) < abs(skew_ms) / 2, seen
+    else:  # the floor lifted it to the old leader's last time: behind by about the failover, not the skew
+        assert seen > skew_ms * 3 / 4, seen
+
+
+def wipe_sync_standby(cluster: QueenCluster, leader: str, workers) -> None:
+    """N8: SIGKILL the sync standby, rm -rf its data directory, start it again: the async follower
+    swaps in (strict) while it rebuilds from the leader; it must catch up and converge."""
+    standby = (cluster.status(leader) or {}).get("sync", [])[0]
+    cluster.killed_at = mono_ms()
+    cluster.kill(standby)
+    cluster.wipe(standby)
+    wait_until(lambda: standby not in ((cluster.status(leader) or {}).get("sync") or []), 30,
+               "the async follower swapped in")
+    cluster.start_node(standby)
+    wait_until(lambda: (s := cluster.status(standby)) and s.get("role") not in (None, "none")
+               and (cluster.status(leader) or {}).get("lastVersion", 0) - s.get("lastVersion", 0) < 50, 60,
+               "the wiped node caught up")
+
+
+# Default sizes: the leader still holds its whole log, so the wiped node catches up from its disk.
+# Tiny segments and snapshots (nightly): the leader's early segments are gone, so it streams a snapshot.
+SMALL_LOG = ("--segment-bytes-max", "4096", "--snapshot-wal-bytes", "4096")
+
+
+@pytest.mark.parametrize("extra_args", [(), pytest.param(SMALL_LOG, marks=pytest.mark.nightly)],
+                         ids=["catch-up", "snapshot"])
+def test_n8_follower_data_dir_wiped(tmp_path, extra_args):
+    outcome = run_scenario(tmp_path, "N8" + ("-snapshot" if extra_args else ""), wipe_sync_standby,
+                           sync_mode="strict", extra_args=extra_args)
+    assert_clean(outcome, failover=False)
+    # Serving throughout: the first ok write after the kill (no new epoch: the leader stays).
+    stall = checks.failover_time_ms(outcome.calls, outcome.cluster.killed_at, None)
+    print(f"N8 first ok write after the kill: {stall} ms", file=sys.stderr)
+    RESULTS[-1]["failover_ms"] = stall
+    assert stall is not None and stall < FAILOVER_BOUND_MS, stall
+    if extra_args:  # the path meant: the leader sent the wiped node a snapshot
+        logs = "".join(open(node.server.stderr_path, errors="replace").read() for node in outcome.cluster.nodes.values())
+        assert "event=follower_snapshot" in logs, "no snapshot was streamed"
 
 
 @pytest.mark.nightly

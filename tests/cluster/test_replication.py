@@ -430,3 +430,29 @@ async def test_a_batch_past_the_allowed_ceiling_waits_until_it_is_raised(tmp_pat
         assert answered[0][0] == 200 and writer.ceiling <= writer.ceiling_allowed
         assert not writer.ceiling_wanted.is_set()
         await n1.stop()
+
+
+async def test_a_lease_that_ran_out_while_nobody_led_gets_the_grace(tmp_path):
+    """The grace covers leases live when the old leader was last heard, not only those live when
+    the new one leads: a holder cannot renew while nobody leads (C6; N10 saw one handed over)."""
+    async with running() as nursery:
+        n1, n2 = await cluster_of(nursery, tmp_path)
+        await lead_with(n1, [n2], 1)
+        status, body = await n1.client().request("POST", "/api/v1/locks", {"operations": [
+            {"op": "acquire", "name": "job", "ttlSeconds": 1, "owner": "me"}]})
+        lock = body["results"][0]
+        assert status == 200 and lock["acquired"]
+        await until(lambda: n2.replicator.clock_floor_ms >= lock["expiresAt"] - 1000, "n2 to hear n1 after the grant")
+        await n1.stop()
+        await until(lambda: not n2.following, "the stream to end")
+        heard = n2.replicator.clock_floor_ms
+        assert heard < lock["expiresAt"]
+        # The failover outlasts the lease: n2's clock is past its end when n2 leads.
+        n2.replicator.clock.raise_to(lock["expiresAt"] + 500)
+        await lead_with(n2, [], 2, grace_ms=60_000)
+        epoch = [r for r in log_records(n2.dir) if type(r) is rec.Epoch][-1]
+        assert epoch.clock_floor_ms == heard
+        status, body = await n2.client().request("POST", "/api/v1/locks", {"operations": [{"op": "get", "name": "job"}]})
+        [holder] = body["results"][0]["holders"]
+        assert holder["owner"] == "me" and holder["expiresAt"] >= n2.server.router.now_ms() + 50_000
+        await n2.stop()

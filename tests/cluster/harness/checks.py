@@ -414,6 +414,31 @@ def check_timers_once(calls: list[Call], eps_ms: int = 50, end_wall: int | None 
     return check_timers(schedules, [], fired, end_ms=end_wall, tolerance_ms=eps_ms)
 
 
+def check_created_at_rising(calls: list[Call]) -> list[dict]:
+    """The clock floor (N7): messageId is the version, so in messageId order the createdAt the
+    nodes stamped never goes back, across failovers too (a new leader whose clock is behind the
+    old one's starts at the latest time the old one showed). "created_at_went_back": the pair."""
+    stamped: dict[int, int] = {}
+    for call in calls:
+        if not call.ok or call.f not in ("push", "pop"):
+            continue
+        result = call.result  # a push answers a list of items, a pop {"messages": [...]}
+        items = result if isinstance(result, list) else result.get("messages") or [] if isinstance(result, dict) else []
+        for item in items:
+            if isinstance(item, dict) and "messageId" in item and "createdAt" in item:
+                stamped[int(item["messageId"])] = int(item["createdAt"])
+    violations = []
+    highest = None
+    for message_id in sorted(stamped):
+        created = stamped[message_id]
+        if highest is not None and created < highest[1]:
+            violations.append({"kind": "created_at_went_back", "earlier": {"messageId": highest[0], "createdAt": highest[1]},
+                               "later": {"messageId": message_id, "createdAt": created}})
+        if highest is None or created >= highest[1]:
+            highest = (message_id, created)
+    return violations
+
+
 # -- C8 ------------------------------------------------------------------------------------------
 
 

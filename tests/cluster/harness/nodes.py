@@ -45,6 +45,7 @@ TEST_FLAGS = {
                                  "the failover)",
     "QUEEN_TEST_NO_SELF_FENCE": "N3b: the leader neither fences itself when etcd is unreachable nor resigns",
     "QUEEN_TEST_NO_HEARD_LEADER_RULE": "N3b: a sync follower campaigns even while it still hears a serving leader",
+    "QUEEN_TEST_WALL_OFFSET_MS": "N7: ms added to the node's wall clock at start (a skewed host clock)",
     "QUEEN_TEST_REPLICATION_DIAL": "JSON {leader node: host:port}: the address a follower dials for that "
                                    "leader's replication (the harness's per-pair proxy)",
 }
