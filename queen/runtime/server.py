@@ -257,14 +257,8 @@ class Server:
             core.start_soon(tick_forever, steps, TICK_MS)
             if replicator is not None:
                 await core.start(replicator.serve)
-            # Pauses are read from the log: after recovery. A cluster node reads them from its own
-            # state before its coordinator runs: the read barrier refuses every read of a node that
-            # does not lead, and a start-up read answers no client.
-            barrier, writer.read_barrier = writer.read_barrier, None
-            try:
-                await self._apply_auth(auth_file, api)
-            finally:
-                writer.read_barrier = barrier
+            # Pauses are read from the log: after recovery (from memory: tenancy.load_pauses).
+            await self._apply_auth(auth_file, api)
             if replicator is not None:
                 core.start_soon(self.coordinator.run)  # answers 503 no_leader until it knows the leader
             self._reloads = send_reload
