@@ -167,15 +167,27 @@ def test_c6_leases_not_shortened_by_failover():
         h.call("b", "acquire", other_at, other_at + 10, grant(0, 9, 9, 1_009_000), name="L0", owner="b0")
         return h.calls()
 
-    fault = 1_001_000
-    # The failover's EPOCH promised leases live at the fault until +4500: b at +4600 is fine...
-    assert checks.check_leases_kept(history(4600), [(fault, 1_004_500)]) == []
+    fault, floor = 1_001_000, 1_002_500  # the fault, and the clock floor of the EPOCH that ended it
+    # The failover's EPOCH promised leases live at its floor until +4500: b at +4600 is fine...
+    assert checks.check_leases_kept(history(4600), [(fault, floor, 1_004_500)]) == []
     # ...b at +3500 is inside the grace: the failover ended a's lease early.
-    assert kinds(checks.check_leases_kept(history(3500), [(fault, 1_004_500)])) == {"lease_shortened"}
+    assert kinds(checks.check_leases_kept(history(3500), [(fault, floor, 1_004_500)])) == {"lease_shortened"}
     # Inside a's own expiresAt, whatever the grace.
-    assert kinds(checks.check_leases_kept(history(2000), [(fault, 1_001_500)])) == {"lease_shortened"}
+    assert kinds(checks.check_leases_kept(history(2000), [(fault, floor, 1_001_500)])) == {"lease_shortened"}
     # A lease that had ended before the fault is not the failover's business.
-    assert checks.check_leases_kept(history(3500), [(1_003_200, 1_006_000)]) == []
+    assert checks.check_leases_kept(history(3500), [(1_003_200, 1_004_000, 1_006_000)]) == []
+    # Nor one live at the fault that ended before the promotion (the server extends only leases
+    # live at the EPOCH's clock floor).
+    assert checks.check_leases_kept(history(3500), [(fault, 1_003_100, 1_005_100)]) == []
+
+
+def test_c6_grace_owed_even_when_the_record_lost_it():
+    class Epoch:
+        def __init__(self, epoch, floor, grace_until):
+            self.epoch, self.clock_floor_ms, self.lease_grace_until_ms = epoch, floor, grace_until
+
+    sound, lost = Epoch(2, 1_002_500, 1_004_500), Epoch(3, 1_010_000, 0)
+    assert checks.lease_promises([sound, lost], 2000) == {2: (1_002_500, 1_004_500), 3: (1_010_000, 1_012_000)}
 
 
 # -- C7 ----------------------------------------------------------------------------------------

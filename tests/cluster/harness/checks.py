@@ -15,8 +15,8 @@ workers' events into their records and adds what failover brings: epochs.
   C5 check_fenced_mutex    the fenced mutex (holders within permits, fences rising), guarded
                            transactions committed in fence order, the fenced store never went back,
                            no guard failed while the holder's lease was still promised
-  C6 check_leases_kept     a lease live at a failover's fault is not handed to another owner before
-                           max(expiresAt, promotion + grace) - ε
+  C6 check_leases_kept     a lease granted before a failover's fault and live at the promotion is not
+                           handed to another owner before max(expiresAt, promotion + grace) - ε
   C7 check_timers_once     each timer fired once, never early (within ε); queue: no acked push lost
   C8 failover_time_ms      from the fault to the first ok write of a later epoch (a measurement)
   C9 check_convergence     the nodes' logs hold the same versioned records up to the commit point
@@ -364,11 +364,13 @@ def check_fenced_mutex(calls: list[Call], store_log: list[dict], limits: dict[st
 # -- C6 ------------------------------------------------------------------------------------------
 
 
-def check_leases_kept(calls: list[Call], failovers: list[tuple[int, int]], eps_ms: int = 50) -> list[dict]:
-    """failovers: (fault wall ms, lease_grace_until_ms of the EPOCH that ended it). A lease live at
-    the fault (granted before it, told expiresAt x after it) is not ended by the failover: it lasts
-    until max(x, grace_until) unless its holder released it first. "lease_shortened": another
-    owner was granted that slot before then, less ε."""
+def check_leases_kept(calls: list[Call], failovers: list[tuple[int, int, int]], eps_ms: int = 50) -> list[dict]:
+    """failovers: (fault wall ms, clock_floor_ms, lease_grace_until_ms) of the EPOCH that ended
+    it. The server's rule: a lease granted before the fault and still live at the new epoch's
+    clock_floor_ms (told expiresAt x > floor) is not ended by the failover: it lasts until
+    max(x, grace_until) unless its holder released it first. A lease that ended between the fault
+    and the promotion is promised nothing more. "lease_shortened": another owner was granted that
+    slot before then, less ε."""
     violations = []
     grants = [c for c in calls if c.f == "acquire" and c.ok and c.first.get("acquired")]
     released: dict[str, int] = {}
@@ -381,8 +383,8 @@ def check_leases_kept(calls: list[Call], failovers: list[tuple[int, int]], eps_m
         granted = int(holder.outcome["wall"])
         if expires is None:
             continue
-        for fault, grace_until in failovers:
-            if not granted <= fault < expires:
+        for fault, floor, grace_until in failovers:
+            if not (granted <= fault and floor < expires):
                 continue
             promised = min(max(expires, grace_until), released.get(holder.get("owner"), 1 << 62))
             for other in grants:
@@ -390,8 +392,16 @@ def check_leases_kept(calls: list[Call], failovers: list[tuple[int, int]], eps_m
                         and other.get("owner") != holder.get("owner")
                         and granted <= other.outcome["wall"] < promised - eps_ms):
                     violations.append({"kind": "lease_shortened", "holder": holder.outcome, "fault": fault,
-                                       "promised_until": promised, "other": other.outcome})
+                                       "floor": floor, "promised_until": promised, "other": other.outcome})
     return violations
+
+
+def lease_promises(records: list, grace_ms: int) -> dict[int, tuple[int, int]]:
+    """{epoch: (clock_floor_ms, grace_until)} from the EPOCH records of a log, where grace_until is
+    the larger of what the record holds and clock_floor_ms + grace_ms (the configured grace: the
+    leader ttl, or --lease-grace). Equal in a sound run; a record that lost its grace still owes it."""
+    return {record.epoch: (record.clock_floor_ms, max(record.lease_grace_until_ms, record.clock_floor_ms + grace_ms))
+            for record in records if type(record).__name__.lower() == "epoch" and hasattr(record, "clock_floor_ms")}
 
 
 # -- C7 ------------------------------------------------------------------------------------------
@@ -515,7 +525,7 @@ def check_convergence(logs: dict[str, tuple[list, int]], commit_version: int) ->
 
 
 def check_all(calls: list[Call], *, final_rows: dict, store_log: list[dict], limits: dict[str, int],
-              first_versions: dict[int, int] | None = None, failovers: list[tuple[int, int]] = (),
+              first_versions: dict[int, int] | None = None, failovers: list[tuple[int, int, int]] = (),
               eps_ms: int = 50, queue_drained: bool = True) -> dict[str, list[dict]]:
     """Every history check at once: {"C1": [...], ..., "C7": [...]} (C8 and C9 take the nodes)."""
     return {

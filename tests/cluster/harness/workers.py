@@ -12,7 +12,7 @@ whole answer, so every version, token and fence is in the log.
 
 Workloads (`--kind`):
   W1  CAS registers: keys h/r0..r4; get, and put with expect (the last version this worker saw).
-  W2  locks: two locks (limit 1) and a 2-permit semaphore, ttl 3 s; a holder writes
+  W2  locks: two locks (limit 1) and a 2-permit semaphore, ttl 3 s (--lock-ttl-s); a holder writes
       (fence, owner) to the fenced store (tests/cluster/harness/workers.FencedStore), then runs a
       guarded transaction (guard on its token + put work/<permit>), then releases.
   W3  counters: incr with max on keys h/c0..c1.
@@ -243,13 +243,14 @@ def run_w1(nodes: Nodes, log: Log, rng: random.Random, ops: int) -> None:
                 seen[key] = row["version"] if row.get("applied") else row.get("current", {}).get("version", 0)
 
 
-def run_w2(nodes: Nodes, log: Log, rng: random.Random, ops: int, store: FencedStore, hold_s: float) -> None:
+def run_w2(nodes: Nodes, log: Log, rng: random.Random, ops: int, store: FencedStore, hold_s: float,
+           ttl_s: int = LOCK_TTL_S, names: list[str] | None = None) -> None:
     for n in range(ops):
         if time.monotonic() > STOP_AT:
             break
-        name = rng.choice(sorted(LOCKS))
+        name = rng.choice(names or sorted(LOCKS))
         owner = f"{log.worker}-{n}"
-        acquire = {"op": "acquire", "name": name, "owner": owner, "ttlSeconds": LOCK_TTL_S, "waitMs": 1000}
+        acquire = {"op": "acquire", "name": name, "owner": owner, "ttlSeconds": ttl_s, "waitMs": 1000}
         if LOCKS[name] != 1:
             acquire["limit"] = LOCKS[name]
         answer = log.run(nodes, "acquire", "POST", "/api/v1/locks", {"operations": [acquire]}, write=True,
@@ -351,12 +352,15 @@ class WorkerProcess:
     """A worker, started from the test: `WorkerProcess("W1", urls, work_dir, "w1-0").start()`."""
 
     def __init__(self, kind: str, urls: list[str], work_dir: str, name: str, *, ops: int = 50, seed: int = 0,
-                 hold_s: float = 0.0):
+                 hold_s: float = 0.0, lock_ttl_s: int = LOCK_TTL_S, deadline_s: float = 90.0,
+                 locks: tuple = ()):
         self.kind, self.name = kind, name
         self.log_path = os.path.join(work_dir, f"{name}.jsonl")
         self.argv = [sys.executable, "-m", "tests.cluster.harness.workers", "--kind", kind, "--urls", ",".join(urls),
                      "--ops", str(ops), "--seed", str(seed), "--name", name, "--log", self.log_path,
-                     "--store", os.path.join(work_dir, "fenced-store"), "--hold-s", str(hold_s)]
+                     "--store", os.path.join(work_dir, "fenced-store"), "--hold-s", str(hold_s),
+                     "--lock-ttl-s", str(lock_ttl_s), "--deadline-s", str(deadline_s),
+                     "--locks", ",".join(locks)]
         self.process = None
 
     def start(self) -> WorkerProcess:
@@ -422,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", required=True)
     parser.add_argument("--store", help="the fenced store's directory (W2)")
     parser.add_argument("--hold-s", type=float, default=0.0, help="W2: how long a holder works before writing")
+    parser.add_argument("--lock-ttl-s", type=int, default=LOCK_TTL_S, help="W2: the locks' ttlSeconds")
+    parser.add_argument("--locks", default="", help="W2: the lock names it takes (comma-separated; default all)")
     parser.add_argument("--deadline-s", type=float, default=90.0,
                         help="no new operation starts after this long (a stalled cluster must not hold a test)")
     parser.add_argument("--pace-ms", type=float, default=80.0,
@@ -439,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.kind == "W1":
             run_w1(nodes, log, rng, args.ops)
         elif args.kind == "W2":
-            run_w2(nodes, log, rng, args.ops, FencedStore(args.store), args.hold_s)
+            run_w2(nodes, log, rng, args.ops, FencedStore(args.store), args.hold_s, args.lock_ttl_s,
+                   [name for name in args.locks.split(",") if name])
         elif args.kind == "W3":
             run_w3(nodes, log, rng, args.ops)
         else:
