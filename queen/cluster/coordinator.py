@@ -374,8 +374,9 @@ class Coordinator:
 
     def _set_role(self, role: str, **details) -> None:
         if role != self.role:
-            logger.info("event=cluster_role node=%s role=%s was=%s epoch=%d%s", self.settings.node, role, self.role,
-                        self.epoch, "".join(f" {k}={v}" for k, v in details.items()))
+            # Each detail its own key=%s, so the log formatter quotes each value on its own.
+            logger.info("event=cluster_role node=%s role=%s was=%s epoch=%d" + "".join(f" {k}=%s" for k in details),
+                        self.settings.node, role, self.role, self.epoch, *details.values())
             self.events.append((self.clock(), role, {"epoch": self.epoch, **details}))
         self.role = role
 

@@ -595,10 +595,16 @@ class Api:
             location = advertise.rstrip("/").encode() + request.target
             return Response(307, body, content_type, [(b"location", location)])
         if cluster.role in ("fenced", "promoting", "candidate"):
-            raise Unavailable("not_leader", f"this node is {cluster.role}: not serving; try again shortly",
+            detail = ""
+            sync = cluster.sync if cluster.role == "promoting" else None
+            if sync is not None and sync.members:
+                # Strict mode with no caught-up follower to swap in waits for a member to come back.
+                detail = (f"; its first record waits for the ack of its sync set ({', '.join(sorted(sync.members))})"
+                          " before it serves")
+            raise Unavailable("not_leader", f"this node is {cluster.role}: not serving{detail}; try again shortly",
                               {"role": cluster.role, "epoch": cluster.epoch})
-        raise Unavailable("no_leader", "the cluster has no leader right now (an election); try again shortly",
-                          {"role": cluster.role, "epoch": cluster.epoch})
+        raise Unavailable("no_leader", "the cluster has no leader right now (an election, or this node cannot reach "
+                          "etcd: see its log); try again shortly", {"role": cluster.role, "epoch": cluster.epoch})
 
     async def _cluster_status(self, request: Request, parts, query):
         check_params(_query(query), frozenset())

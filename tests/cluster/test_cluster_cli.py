@@ -49,6 +49,7 @@ def test_cluster_flags_are_checked():
 class FakeCluster:
     def __init__(self, role="follower", serving=False, leader="http://leader:6632", epoch=42):
         self.role, self.serving, self.leader_advertise, self.epoch = role, serving, leader, epoch
+        self.sync = None  # the coordinator's SyncKey while it leads or promotes
         self.calls = []
 
     def status(self):
@@ -101,6 +102,17 @@ async def test_without_a_leader_to_send_to_the_answer_is_503(role, code):
     with pytest.raises(QueenError) as refused:
         await api.handle(request("POST", "/api/v1/kv", b'{"operations": []}'))
     assert refused.value.http_status == 503 and refused.value.code == code
+
+
+async def test_a_promoting_node_says_which_sync_members_it_waits_for():
+    # Strict mode with its only sync member dead: the refusal must say what the node waits for.
+    from queen.cluster.coordinator import SyncKey
+
+    cluster = FakeCluster(role="promoting", leader=None)
+    cluster.sync = SyncKey(43, "n2", frozenset({"n1"}), False, 43)
+    with pytest.raises(QueenError) as refused:
+        await api_with(cluster).handle(request("POST", "/api/v1/kv", b'{"operations": []}'))
+    assert refused.value.code == "not_leader" and "sync set (n1)" in str(refused.value)
 
 
 async def test_local_routes_are_answered_by_any_node_and_every_answer_has_the_epoch():
