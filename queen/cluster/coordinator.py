@@ -529,18 +529,34 @@ class Coordinator:
                     if self.role == PROMOTING:
                         self.serving = True
                         self._set_role(LEADER)
-            except Exception as raised:  # lead() raises once stepped down meanwhile
-                from queen.cluster.replication import RestartNeeded, unwrap
+            except BaseException as raised:  # lead() raises once stepped down meanwhile
+                # A step-down (a shutdown's, say) cancels this scope while lead() fails: the loops'
+                # nursery then raises both. The cancellation is the scope's; the failure is ours.
+                if isinstance(raised, BaseExceptionGroup):
+                    cancelled, failed = raised.split(trio.Cancelled)
+                elif isinstance(raised, trio.Cancelled):
+                    cancelled, failed = raised, None
+                else:
+                    cancelled, failed = None, raised
+                if failed is not None:
+                    if not isinstance(failed, Exception):
+                        raise
+                    self._lead_failed(failed)
+                if cancelled is not None:
+                    raise cancelled from None
 
-                error = unwrap(raised)  # the loops' nursery wraps what they raise
-                if isinstance(error, (EtcdError, LeadershipLost)):
-                    self.step_down(f"etcd: {error}")
-                elif isinstance(error, RestartNeeded):  # it led before in this run: start again first
-                    self.step_down(f"restart needed: {error}")
-                    self._restart_needed(str(error))
-                elif self.role in (LEADER, PROMOTING):
-                    logger.exception("event=lead_failed")
-                    self.step_down(f"lead failed: {error!r}")
+    def _lead_failed(self, raised: Exception) -> None:
+        from queen.cluster.replication import RestartNeeded, unwrap
+
+        error = unwrap(raised)  # the loops' nursery wraps what they raise
+        if isinstance(error, (EtcdError, LeadershipLost)):
+            self.step_down(f"etcd: {error}")
+        elif isinstance(error, RestartNeeded):  # it led before in this run: start again first
+            self.step_down(f"restart needed: {error}")
+            self._restart_needed(str(error))
+        elif self.role in (LEADER, PROMOTING):
+            logger.error("event=lead_failed error=%r", str(error), exc_info=(type(error), error, error.__traceback__))
+            self.step_down(f"lead failed: {error!r}")
 
     def _restart_needed(self, reason: str) -> None:
         logger.warning("event=restart_needed node=%s reason=%r", self.settings.node, reason)
