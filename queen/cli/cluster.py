@@ -23,8 +23,9 @@ DEFAULT_URL = "http://127.0.0.1:6632"
 def add_parser(commands) -> None:
     cluster = commands.add_parser(
         "cluster", help="a cluster's nodes: status, switchover, force-promote",
-        description="Ask a cluster's nodes. Exit status: 0 done, 1 refused (409: not possible now), 2 usage, "
-                    "65 rejected (400/403), 69 no node answered or 503.")
+        description="Ask a cluster's nodes. Exit status: 0 done, 1 refused (409: not possible now; for status: "
+                    "nodes answered but none serves as leader), 2 usage, 65 rejected (400/403), 69 no node "
+                    "answered or 503.")
     actions = cluster.add_subparsers(dest="cluster_action", metavar="ACTION", required=True)
     common = []
     for name, text in (("status", "every node's role, epoch, last version and lag, as a table"),
@@ -141,7 +142,14 @@ def run_status(args) -> int:
         print(json.dumps(rows, sort_keys=True))
     else:
         print(format_table(rows))
-    return EXIT_OK if answered else EXIT_UNAVAILABLE
+    if not answered:
+        return EXIT_UNAVAILABLE
+    if not any(row.get("role") in ("leader", "single") for row in rows):
+        # A script polling until the cluster serves again needs to tell this from a healthy table.
+        print("queen: no node serves as leader (an election, etcd out of reach, or a new leader waiting for "
+              "its sync set: see ROLE and each node's log)", file=sys.stderr)
+        return EXIT_NO
+    return EXIT_OK
 
 
 def format_table(rows: list[dict]) -> str:

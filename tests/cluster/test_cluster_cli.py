@@ -189,3 +189,15 @@ def test_the_command_against_a_single_server(tmp_path):
         ran = subprocess.run([sys.executable, "-m", "queen", "cluster", "force-promote", "n2", "--url", dead],
                              capture_output=True, text=True, timeout=60)
         assert ran.returncode == 69 and "no node answered" in ran.stderr
+
+
+def test_status_exits_1_when_nodes_answer_but_none_serves(monkeypatch, capsys):
+    from queen.cli import cluster as cluster_cli
+    from queen.cli import main
+
+    roles = {"http://a:1": "promoting", "http://b:1": "follower"}
+    monkeypatch.setattr(cluster_cli, "call", lambda args, url, *rest, **kw: (200, {**FakeCluster(role=roles[url]).status()}))
+    assert main(["cluster", "status", "--url", "http://a:1,http://b:1"]) == 1
+    assert "no node serves as leader" in capsys.readouterr().err
+    roles["http://b:1"] = "leader"
+    assert main(["cluster", "status", "--url", "http://a:1,http://b:1"]) == 0
