@@ -187,8 +187,9 @@ async def test_three_nodes_elect_exactly_one_leader(etcd):  # noqa: F811
         assert observed.sync.epoch == coordinator.epoch
         assert observed.ceiling == coordinator.ceiling == leader.writer.ceiling_allowed
         await until(lambda: len(coordinator.observed.members) == 3)
-        for _ in range(10):  # stays so
-            await trio.sleep(0.1)
+        for _ in range(3):  # stays so, through several renewals of the leader's lease
+            renewed = coordinator.lease_renewed_at
+            await until(lambda renewed=renewed: coordinator.lease_renewed_at > renewed)
             assert len(leaders(nodes)) == 1
         status = coordinator.status()
         assert status["role"] == "leader" and status["sync"] == sorted(coordinator.sync.members)
@@ -257,7 +258,9 @@ async def test_force_promote_an_async_follower_reports_what_may_be_lost(etcd):  
         target = next(n for n in nodes if n not in (old, sync_node))
         net.deaf.add(target.replicator.node)  # it falls behind
         await until(lambda: old.replicator.last_version > target.replicator.last_version + 20)
-        await trio.sleep(0.4)  # members/ documents are refreshed every 0.3 s: let one carry the gap
+        # The report reads the gap from members/ documents: wait until the target has seen one carry it.
+        await until(lambda: target.coordinator.members_seen.get(old.replicator.node, {}).get("lastVersion", 0)
+                    > target.replicator.last_version + 20)
         old.kill()
         sync_node.kill()  # every sync member lost: only an operator can go on
         report = await target.coordinator.force_promote(target.replicator.node)

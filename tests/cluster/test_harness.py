@@ -186,7 +186,11 @@ def test_workers_against_one_node_pass_every_check(tmp_path):
         poll(lambda: len(read_log(paused.log_path)) > 5, what="w1-0 made progress")
         paused.pause()
         frozen = len(read_log(paused.log_path))
-        time.sleep(0.3)  # the pause itself is the fault under test
+        # While it is stopped the others go on: once one of them has logged more, it has not.
+        running = workers[1]
+        before = len(read_log(running.log_path))
+        poll(lambda: len(read_log(running.log_path)) > before + 5 or running.process.poll() is not None,
+             what="w1-1 made progress while w1-0 was paused")
         assert len(read_log(paused.log_path)) == frozen
         paused.resume()
         for worker in workers:

@@ -214,7 +214,7 @@ class Proxy:
         listener.listen(128)
         self._listener = listener
         self.port = listener.getsockname()[1]
-        threading.Thread(target=self._accept_loop, daemon=True, name=f"proxy-{self.name}").start()
+        threading.Thread(target=self._accept_loop, args=(listener,), daemon=True, name=f"proxy-{self.name}").start()
         return self
 
     @property
@@ -225,10 +225,12 @@ class Proxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _accept_loop(self) -> None:
+    def _accept_loop(self, listener: socket.socket) -> None:
+        # Its own listener, not self._listener: close() clears that while this thread may be
+        # between two accepts.
         while True:
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return  # closed
             self.accepted += 1

@@ -334,7 +334,7 @@ def run_w4(nodes: Nodes, log: Log, rng: random.Random, ops: int) -> None:
         fired = bool(timers and timers.get("messages"))
         consumed = _consume(nodes, log, 200)
         if timers is None:
-            time.sleep(0.1)  # no answer: the cluster is between leaders
+            time.sleep(0.1)  # no answer: the cluster is between leaders; a client backs off before asking real nodes again
             empty = 0
             continue
         if wall_ms() > latest_at + 200 and not fired and not consumed:
