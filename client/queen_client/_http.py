@@ -278,14 +278,8 @@ class Transport:
                 error = from_response(status, data, headers.get("retry-after"))
             if isinstance(error, UnavailableError) and error.code in LEADER_REFUSALS:
                 # A node that is not the serving leader refused before applying anything: any call
-                # may go again, on the next node, after the hint.
+                # may go again (below), on the next node, after the hint.
                 self._move_on(endpoint)
-                hint = min(error.retry_after_s or 0.0, BACKOFF_MAX_S)
-                if self._may_retry(attempt, deadline, hint):
-                    await self._pause(attempt, deadline, hint, why=(method, path, error))
-                    attempt += 1
-                    continue
-                raise error
             if isinstance(error, RateLimited) and error.code == "rate_limited":
                 # Refused before anything was applied, and over once the bucket refills: wait as
                 # told, to the millisecond when the server says (Retry-After is whole seconds).
@@ -295,7 +289,8 @@ class Transport:
                     await self._pause(attempt, deadline, wait_s, exact=True, why=(method, path, error))
                     attempt += 1
                     continue
-            elif isinstance(error, UnavailableError) and (safe or error.code in NOTHING_APPLIED_503):
+            elif isinstance(error, UnavailableError) and (safe or error.code in NOTHING_APPLIED_503
+                                                          or error.code in LEADER_REFUSALS):
                 hint = min(error.retry_after_s or 0.0, BACKOFF_MAX_S)
                 if self._may_retry(attempt, deadline, hint):
                     await self._pause(attempt, deadline, hint, why=(method, path, error))

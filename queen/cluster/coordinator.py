@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 import trio
@@ -43,6 +44,7 @@ STARTING, FOLLOWER, CANDIDATE, PROMOTING, LEADER, FENCED = "starting", "follower
 STRICT, DEGRADE = "strict", "degrade"
 POLL_S = 0.15
 CEILING_BLOCK = 1 << 20
+EVENTS_KEPT = 256  # role changes, sync changes, switchovers a coordinator remembers
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,7 +325,8 @@ class Coordinator:
         self.lease = 0
         self.lease_renewed_at = -math.inf  # when the last keepalive etcd accepted was sent
         self.keepalive_paused = False  # tests: a leader whose keepalives stop
-        self.events: list[tuple[float, str, dict]] = []  # (time, what, details): for tests and status
+        # (time, what, details), the newest EVENTS_KEPT: for tests and status, bounded in a long run.
+        self.events: deque[tuple[float, str, dict]] = deque(maxlen=EVENTS_KEPT)
         self._nursery: trio.Nursery | None = None
         self._leading: trio.CancelScope | None = None
         self._following: tuple[int, str] | None = None

@@ -314,13 +314,13 @@ class WalWriter:
                 if self._inline:
                     self._commit_here()
                     continue
-                batch = self._take_batch()
+                items, waiters, first, last, raw, captured = self._take_batch()
                 try:
-                    data = await self._run_blocking(self._commit, batch[0], batch[2], batch[3], batch[4])
+                    data = await self._run_blocking(self._commit, items, first, last, raw)
                 except OSError as error:
                     self._fail(error)
                     return
-                self._finish_batch(data, batch[0], batch[1], batch[3], batch[5])
+                self._finish_batch(data, items, waiters, last, captured)
         await self._run_blocking(self._close_segment)
 
     def _take_batch(self) -> tuple:

@@ -215,7 +215,7 @@ async def test_a_lapsed_lease_elects_a_sync_member_and_the_old_leader_fences_fir
         await until(lambda: any(n.coordinator.role == c.LEADER and n.coordinator.epoch > epoch for n in nodes))
         [new] = [n for n in nodes if n.coordinator.role == c.LEADER]
         assert new.replicator.node == member
-        assert all(role != c.CANDIDATE for _, role, _ in outsider.coordinator.events[seen_before:]), [  # never campaigned
+        assert all(role != c.CANDIDATE for _, role, _ in list(outsider.coordinator.events)[seen_before:]), [  # never campaigned
             (n.replicator.node, n.coordinator.events) for n in nodes]
         assert new.coordinator.epoch > epoch
         old.coordinator.keepalive_paused = False
