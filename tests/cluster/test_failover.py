@@ -441,12 +441,14 @@ def _not_caught_yet(why: str):
     return pytest.mark.xfail(reason=f"control not caught yet: {why}", strict=False)
 
 
-# The lease-grace control: one lock (5 s leases) and four workers after it, the holder keeping it
-# past its lease; the kill comes right after a grant, so that lease is live at the promotion (2-4 s
-# later on a busy machine) and ends inside promotion + grace (5 s here, --lease-grace): a sound
-# server keeps it, under the bug a waiter gets the lock when it ends. No new operation after 14 s.
-LEASE_CONTROL = {"workers": (("W1", 2, 40), ("W2", 4, 30)), "hold_s": 5.5, "lock_ttl_s": 5, "deadline_s": 14.0,
-                 "locks": ("L0",), "lease_grace_s": 5.0}
+# The lease-grace control: one lock with 2 s leases and four workers after it, the holder keeping
+# it 9 s; the kill comes right after a grant, so that lease is live at the old leader's last time
+# (the EPOCH's clock floor) and the grace (8 s, --lease-grace) owes it until about grant + 8 s. The
+# failover takes 2-5 s on a busy machine, and the lease itself ends at grant + 2 s: a sound server
+# keeps it to the grace, under the bug a waiter (parked, waitMs 1 s) gets the lock as soon as the new
+# leader serves, seconds inside what was owed. No new operation after 16 s.
+LEASE_CONTROL = {"workers": (("W1", 2, 40), ("W2", 4, 30)), "hold_s": 9.0, "lock_ttl_s": 2, "deadline_s": 16.0,
+                 "locks": ("L0",), "lease_grace_s": 8.0}
 
 
 @pytest.mark.parametrize("flag,nemesis,nodes,sync_mode,env,check,extra", [
@@ -463,10 +465,7 @@ LEASE_CONTROL = {"workers": (("W1", 2, 40), ("W2", 4, 30)), "hold_s": 5.5, "lock
                  marks=[pytest.mark.nightly,
                         _not_caught_yet("the async follower usually holds every acknowledged write, so versions "
                                         "from its own log repeat none a client saw")]),
-    pytest.param("QUEEN_TEST_NO_LEASE_GRACE", kill_leader_as_a_lease_begins, 3, None, {}, "C6", LEASE_CONTROL,
-                 marks=_not_caught_yet("caught 3 of 3 before the grace rule moved to leases live at the clock floor, "
-                                       "then missed once (failover 4.5 s on a loaded machine): the waiter's grant "
-                                       "must land inside promotion + grace, which this timing does not make sure of")),
+    pytest.param("QUEEN_TEST_NO_LEASE_GRACE", kill_leader_as_a_lease_begins, 3, None, {}, "C6", LEASE_CONTROL),
 ])
 def test_negative_control_is_caught(tmp_path, flag, nemesis, nodes, sync_mode, env, check, extra):
     outcome = run_scenario(tmp_path, f"control-{flag}", nemesis, nodes=nodes, sync_mode=sync_mode,
