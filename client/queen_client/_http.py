@@ -291,7 +291,11 @@ class Transport:
                     continue
             elif isinstance(error, UnavailableError) and (safe or error.code in NOTHING_APPLIED_503
                                                           or error.code in LEADER_REFUSALS):
-                hint = min(error.retry_after_s or 0.0, BACKOFF_MAX_S)
+                # A node that is not the leader says when to come back to the millisecond
+                # (retryAfterMs: an election is sub-second once etcd shows it); else Retry-After.
+                precise_ms = error.details.get("retryAfterMs")
+                hint = min(precise_ms / 1000 if isinstance(precise_ms, int) else error.retry_after_s or 0.0,
+                           BACKOFF_MAX_S)
                 if self._may_retry(attempt, deadline, hint):
                     await self._pause(attempt, deadline, hint, why=(method, path, error))
                     attempt += 1

@@ -584,6 +584,11 @@ class Api:
 
     # -- high availability ---------------------------------------------------------------------------
 
+    # A hand-off or an election is over a few hundred ms after etcd shows it, and Retry-After is
+    # whole seconds: a client told 1 s would wait most of a switchover out. The details say it to
+    # the millisecond, which the SDK uses.
+    LEADER_RETRY_MS = 200
+
     def _to_leader(self, request: Request, cluster) -> Response:
         """A node that is not the serving leader: 307 to the leader (same path and query; the
         method and body are kept by the client), or 503 while there is none to send it to."""
@@ -602,9 +607,10 @@ class Api:
                 detail = (f"; its first record waits for the ack of its sync set ({', '.join(sorted(sync.members))})"
                           " before it serves")
             raise Unavailable("not_leader", f"this node is {cluster.role}: not serving{detail}; try again shortly",
-                              {"role": cluster.role, "epoch": cluster.epoch})
+                              {"role": cluster.role, "epoch": cluster.epoch, "retryAfterMs": self.LEADER_RETRY_MS})
         raise Unavailable("no_leader", "the cluster has no leader right now (an election, or this node cannot reach "
-                          "etcd: see its log); try again shortly", {"role": cluster.role, "epoch": cluster.epoch})
+                          "etcd: see its log); try again shortly",
+                          {"role": cluster.role, "epoch": cluster.epoch, "retryAfterMs": self.LEADER_RETRY_MS})
 
     async def _cluster_status(self, request: Request, parts, query):
         check_params(_query(query), frozenset())

@@ -83,9 +83,9 @@ def redirect_to(node: FakeNode, epoch: int = 7):
     return lambda method, target, body: (307, {"location": node.url + target, "x-queen-epoch": str(epoch)}, None)
 
 
-def refusing(code: str, retry_after: str = "0"):
+def refusing(code: str, retry_after: str = "0", details: dict | None = None):
     return lambda method, target, body: (503, {"retry-after": retry_after},
-                                         {"error": {"code": code, "message": "not the leader"}})
+                                         {"error": {"code": code, "message": "not the leader", "details": details or {}}})
 
 
 async def test_a_307_is_followed_once_with_method_and_body_and_the_leader_cached():
@@ -131,6 +131,27 @@ async def test_a_write_refused_by_a_node_that_is_not_the_leader_goes_to_the_next
             result = await client.kv.put("ns", "k", "value", forever=True)  # a write: retried, as nothing was applied
             assert result.applied and client.leader_url == lead.url and client.epoch == 4
         assert len(refuser.seen) == 1 and len(lead.seen) == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_refusal_is_retried_after_its_millisecond_hint_not_the_whole_second(monkeypatch):
+    # Retry-After is whole seconds; a node that is not the leader says 200 ms in its details, and
+    # waiting the second out would be most of a switchover.
+    slept: list[float] = []
+
+    async def record(delay):
+        slept.append(delay)
+        await trio.lowlevel.checkpoint()
+
+    monkeypatch.setattr(queen_client._http.anyio, "sleep", record)
+    async with trio.open_nursery() as nursery:
+        refuser, lead = FakeNode(refusing("no_leader", "1", {"retryAfterMs": 200})), FakeNode(leader(epoch=4))
+        await refuser.serve(nursery)
+        await lead.serve(nursery)
+        async with queen_client.Client(f"{refuser.url},{lead.url}") as client:
+            result = await client.kv.put("ns", "k", "value", forever=True)
+            assert result.applied
+        assert len(slept) == 1 and 0.2 <= slept[0] < 0.5, slept
         nursery.cancel_scope.cancel()
 
 

@@ -102,6 +102,7 @@ async def test_without_a_leader_to_send_to_the_answer_is_503(role, code):
     with pytest.raises(QueenError) as refused:
         await api.handle(request("POST", "/api/v1/kv", b'{"operations": []}'))
     assert refused.value.http_status == 503 and refused.value.code == code
+    assert refused.value.details["retryAfterMs"] == 200  # sub-second, where Retry-After says 1
 
 
 async def test_a_promoting_node_says_which_sync_members_it_waits_for():
