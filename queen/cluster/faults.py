@@ -6,7 +6,9 @@ replicator as one `Faults` value; nothing else in the server looks at the enviro
 
   QUEEN_TEST_FOLLOWER_ACK_BEFORE_FSYNC  a follower acks frames on receipt and writes them 1.5 s later (a
                                         crash inside that window loses what it acked; SIGKILL alone keeps
-                                        the page cache, so acking merely before the fsync would lose nothing)
+                                        the page cache, so acking merely before the fsync would lose nothing);
+                                        when its leader's stream ends it writes them at once, so only a
+                                        follower killed while that stream is up loses them
   QUEEN_TEST_NO_EPOCH_CHECK             a follower takes frames of any epoch, an older one included
   QUEEN_TEST_IGNORE_CEILING             a new leader's versions go on from its own log, ignoring etcd's ceiling
   QUEEN_TEST_NO_LEASE_GRACE             EPOCH carries no grace: applying it extends no lease
