@@ -256,8 +256,11 @@ def force_promote_lagging_async(cluster: QueenCluster, leader: str, workers) -> 
     for proxy in cluster.replication_link(leader, target):
         proxy.blackhole()  # kept through the kill: a healed link would let it catch up
     cut_at = mono_ms()
-    behind = lambda: [v for v in _versions_answered(workers, cut_at)  # noqa: E731
-                      if v > (cluster.status(target) or {}).get("lastVersion", 0)]
+
+    def behind() -> list[int]:
+        held = (cluster.status(target) or {}).get("lastVersion", 0)
+        return [v for v in _versions_answered(workers, cut_at) if v > held]
+
     wait_until(lambda: len(behind()) >= BEHIND_WRITES, 30, f"{BEHIND_WRITES} ok writes the async follower lacks")
     _force_promote(cluster, leader, target)
 
