@@ -433,7 +433,8 @@ class Coordinator:
             await self._follow(target)
             return
         if observed.leader is None:
-            self._stop_following()
+            if not self.faults.no_epoch_check:  # test-only bug: the old leader's stream stays open
+                self._stop_following()
             heard_at = -math.inf if self.faults.no_heard_leader_rule else self.replicator.leader_heard_at
             reason = campaign_reason(observed, node, self.replicator.promised_epoch, heard_at, self.clock(),
                                      self.settings.leader_ttl_s)

@@ -9,10 +9,21 @@ replicator as one `Faults` value; nothing else in the server looks at the enviro
                                         the page cache, so acking merely before the fsync would lose nothing);
                                         when its leader's stream ends it writes them at once, so only a
                                         follower killed while that stream is up loses them
-  QUEEN_TEST_NO_EPOCH_CHECK             a follower takes frames of any epoch, an older one included
+  QUEEN_TEST_NO_EPOCH_CHECK             the follower's epoch guard is off, both halves of it: it takes every
+                                        message of its leader's stream (frames, probes, heartbeats) whatever
+                                        their epoch, an older one than it promised included; and when the
+                                        leader key goes it keeps that stream open (a sound node closes it
+                                        before it promises a newer epoch), through its own campaign and
+                                        leadership, acking in the old epoch: so a deposed leader keeps getting
+                                        read round trips (and acks of what the node fsynced while it followed)
+                                        from its former standby, and answers in its epoch after the new one
+                                        began. Its frames, if it writes any, go into the new leader's memory
+                                        and log (what the guard is there to prevent)
   QUEEN_TEST_IGNORE_CEILING             a new leader's versions go on from its own log, ignoring etcd's ceiling
   QUEEN_TEST_NO_LEASE_GRACE             EPOCH carries no grace: applying it extends no lease
-  QUEEN_TEST_NO_READ_BARRIER            a leader answers reads once durable here, without the round trip to its sync set
+  QUEEN_TEST_NO_READ_BARRIER            a leader answers a read once what it read is durable (released, as any
+                                        answer), without a round trip to its sync set begun after it arrived:
+                                        a deposed leader with no write of its own waiting answers reads at once
   QUEEN_TEST_NO_SELF_FENCE              a leader cut from etcd neither fences itself nor steps down
   QUEEN_TEST_NO_HEARD_LEADER_RULE       a sync follower campaigns even while it still hears a serving leader
   QUEEN_TEST_WALL_OFFSET_MS             integer ms added to the node's wall clock at start (a skewed host clock, N7);

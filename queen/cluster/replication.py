@@ -581,7 +581,7 @@ class Replicator:
             reader = MessageReader(stream)
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._send_acks, stream)
+                    nursery.start_soon(self._send_acks, stream, epoch)
                     if self.faults.ack_before_fsync:
                         nursery.start_soon(self._write_late)
                     await self._receive_from_leader(reader, stream)
@@ -599,11 +599,16 @@ class Replicator:
             self.leader_heard_at = -math.inf
             raise
         finally:
-            self.role = "none"
+            # Not if it leads now: only the test-only no_epoch_check lets a stream outlive the
+            # following (the old leader's stays open through a campaign).
+            following = self.role == "follower"
+            if following:
+                self.role = "none"
             while self._late:  # test-only bug's frames: written now, not lost by a live node
                 _, data, last, ceiling = self._late.popleft()
                 self.writer.submit_frames(data, last, ceiling)
-            self.writer.replicate = None
+            if following:
+                self.writer.replicate = None
             await stream.aclose()
 
     async def _receive_from_leader(self, reader: MessageReader, stream) -> None:
@@ -714,7 +719,9 @@ class Replicator:
         self._fsynced = self.log_last
         self._ack_wanted.set()
 
-    async def _send_acks(self, stream) -> None:
+    async def _send_acks(self, stream, epoch: int) -> None:
+        """ACKs of this stream's epoch (the one followed; a node that leads follows nobody, but
+        for the test-only no_epoch_check, which keeps the old leader's stream)."""
         acked, round_acked = -1, 0
         while True:
             await self._ack_wanted.wait()
@@ -723,7 +730,7 @@ class Replicator:
                 await self._write_history()  # an epoch this log now holds, before it is acked
             if self._fsynced != acked or self._round_seen != round_acked:
                 acked, round_acked = self._fsynced, self._round_seen
-                await stream.send_all(encode([ACK, self.epoch, acked, round_acked]))
+                await stream.send_all(encode([ACK, epoch, acked, round_acked]))
 
     async def _write_history(self) -> None:
         entries = list(self.history)

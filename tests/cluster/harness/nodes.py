@@ -37,8 +37,10 @@ from tests.cluster.harness.proxy import Proxy
 TEST_FLAGS = {
     "QUEEN_TEST_FOLLOWER_ACK_BEFORE_FSYNC": "a follower acks a frame before its fsync (C1 must fail after "
                                             "both nodes are killed)",
-    "QUEEN_TEST_NO_EPOCH_CHECK": "a follower takes frames of any epoch, an older one included (C3/C2 must fail in N3b)",
-    "QUEEN_TEST_NO_READ_BARRIER": "a leader answers reads without the sync-set round trip (C2 must fail in N3b)",
+    "QUEEN_TEST_NO_EPOCH_CHECK": "a follower takes messages of any epoch and keeps the old leader's stream "
+                                 "through its own campaign (C3 must fail: the zombie's pinned reads, N3b's cut)",
+    "QUEEN_TEST_NO_READ_BARRIER": "a leader answers reads without the sync-set round trip (C2 must fail: the "
+                                  "zombie's pinned reads, N3b's cut)",
     "QUEEN_TEST_IGNORE_CEILING": "a new leader starts versions at its local last + 1, ignoring etcd's "
                                  "version-ceiling (C4 must fail in N9)",
     "QUEEN_TEST_NO_LEASE_GRACE": "applying EPOCH extends no lease (C6 must fail when a lease would end during "

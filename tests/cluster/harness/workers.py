@@ -18,11 +18,17 @@ Workloads (`--kind`):
   W3  counters: incr with max on keys h/c0..c1.
   W4  queue hq: push with transactionId, pop, ack; timers on queue ht at now + 1-3 s; at the end
       it drains both (until every timer it scheduled is due and two pops come back empty).
+  R1  reads only: get on W1's registers and W3's counters, from one node (`--pinned`), until
+      stopped (SIGTERM: it ends after the call under way) or --ops run out.
 
 Leader following, as the SDK does it: the worker keeps the node that last answered; a 307 is
 followed once (method and body kept); a 503 no_leader / not_leader (nothing applied) is retried on
 the next node after its Retry-After, within the call's deadline; a connection error moves to the
 next node, and on a write it ends the call as `info`.
+
+Pinned (`--pinned`, one URL): a client stuck on one side of a partition with that node. It follows
+nobody: a redirect or a refusal is a `fail`, a broken or timed-out read a `fail` after a short
+pause (the node is not asked again at once).
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ import argparse
 import fcntl
 import http.client
 import json
+import math
 import os
 import random
+import signal
 import sys
 import time
 from urllib.parse import urlsplit
@@ -74,8 +82,9 @@ class Refused(Exception):
 class Nodes:
     """A blocking JSON client over a list of node URLs that follows the leader."""
 
-    def __init__(self, urls: list[str], rng: random.Random):
+    def __init__(self, urls: list[str], rng: random.Random, pinned: bool = False):
         self.urls = list(urls)
+        self.pinned = pinned  # one node, never another (module docstring)
         self.current = rng.randrange(len(self.urls))
         self.connections: dict[str, http.client.HTTPConnection] = {}
         self.epoch: int | None = None
@@ -117,7 +126,7 @@ class Nodes:
             base = self.urls[self.current]
             try:
                 status, location, retry_after, data = self._once(base, method, path, body)
-                if status == 307 and location:
+                if status == 307 and location and not self.pinned:
                     target = location[:-len(path)] if location.endswith(path) else base
                     status, location, retry_after, data = self._once(target, method, path, body)
                     if target in self.urls:
@@ -132,7 +141,9 @@ class Nodes:
                     self.backoff_s = min(1.0, max(0.05, self.backoff_s * 2))
                     time.sleep(self.backoff_s)
                     raise Unknown(repr(error)) from None
-                if time.monotonic() >= deadline:
+                if self.pinned:
+                    time.sleep(0.05)  # not at once at a node that is down or restarting
+                if self.pinned or time.monotonic() >= deadline:
                     raise Refused(0, repr(error)) from None
                 continue
             self.node = base
@@ -144,7 +155,7 @@ class Nodes:
             if 200 <= status < 300:
                 return answer
             code = answer.get("error", {}).get("code") if isinstance(answer, dict) else None
-            if status == 307 or (status == 503 and code in REFUSALS):
+            if (status == 307 or (status == 503 and code in REFUSALS)) and not self.pinned:
                 self.current = (self.current + 1) % len(self.urls)
                 precise_ms = answer.get("error", {}).get("details", {}).get("retryAfterMs") if code else None
                 wait = min(precise_ms / 1000 if isinstance(precise_ms, int) else float(retry_after or 0.1), 1.0)
@@ -242,6 +253,15 @@ def run_w1(nodes: Nodes, log: Log, rng: random.Random, ops: int) -> None:
             if answer is not None:
                 row = answer["results"][0]
                 seen[key] = row["version"] if row.get("applied") else row.get("current", {}).get("version", 0)
+
+
+def run_r1(nodes: Nodes, log: Log, rng: random.Random, ops: int) -> None:
+    for _ in range(ops):
+        if time.monotonic() > STOP_AT:
+            break
+        key = rng.choice(REGISTERS + COUNTERS)
+        log.run(nodes, "get", "POST", "/api/v1/kv", kv_op({"op": "get", "ns": KV_NS, "key": key}), write=False,
+                key=key)
 
 
 def run_w2(nodes: Nodes, log: Log, rng: random.Random, ops: int, store: FencedStore, hold_s: float,
@@ -354,7 +374,7 @@ class WorkerProcess:
 
     def __init__(self, kind: str, urls: list[str], work_dir: str, name: str, *, ops: int = 50, seed: int = 0,
                  hold_s: float = 0.0, lock_ttl_s: int = LOCK_TTL_S, deadline_s: float = 90.0,
-                 locks: tuple = ()):
+                 locks: tuple = (), pinned: bool = False, pace_ms: float | None = None):
         self.kind, self.name = kind, name
         self.log_path = os.path.join(work_dir, f"{name}.jsonl")
         self.argv = [sys.executable, "-m", "tests.cluster.harness.workers", "--kind", kind, "--urls", ",".join(urls),
@@ -362,6 +382,10 @@ class WorkerProcess:
                      "--store", os.path.join(work_dir, "fenced-store"), "--hold-s", str(hold_s),
                      "--lock-ttl-s", str(lock_ttl_s), "--deadline-s", str(deadline_s),
                      "--locks", ",".join(locks)]
+        if pinned:
+            self.argv.append("--pinned")
+        if pace_ms is not None:
+            self.argv += ["--pace-ms", str(pace_ms)]
         self.process = None
 
     def start(self) -> WorkerProcess:
@@ -377,14 +401,14 @@ class WorkerProcess:
         return self.process.pid
 
     def pause(self) -> None:
-        import signal
-
         self.process.send_signal(signal.SIGSTOP)
 
     def resume(self) -> None:
-        import signal
-
         self.process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        """Ask it to end after the call under way (SIGTERM); wait() then sees it exit 0."""
+        self.process.send_signal(signal.SIGTERM)
 
     def events(self) -> list[dict]:
         return read_log(self.log_path)
@@ -395,8 +419,6 @@ class WorkerProcess:
         return code
 
     def kill(self) -> None:
-        import signal
-
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait()
@@ -419,7 +441,7 @@ def read_log(path: str) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kind", choices=("W1", "W2", "W3", "W4"), required=True)
+    parser.add_argument("--kind", choices=("W1", "W2", "W3", "W4", "R1"), required=True)
     parser.add_argument("--urls", required=True, help="comma-separated node URLs")
     parser.add_argument("--ops", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
@@ -434,12 +456,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pace-ms", type=float, default=80.0,
                         help="mean pause before each operation (0: as fast as answers come); without it a "
                              "workload is over in half a second, before the fault strikes")
+    parser.add_argument("--pinned", action="store_true",
+                        help="ask only the one node in --urls: follow no redirect, retry no refusal")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     global STOP_AT, PACE_S
     STOP_AT = time.monotonic() + args.deadline_s
     PACE_S = args.pace_ms / 1000
-    nodes = Nodes(args.urls.split(","), rng)
+
+    def stop(*_) -> None:  # SIGTERM: no new operation (the one under way ends as it would)
+        global STOP_AT
+        STOP_AT = -math.inf
+
+    signal.signal(signal.SIGTERM, stop)
+    nodes = Nodes(args.urls.split(","), rng, pinned=args.pinned)
     log = Log(args.log, args.name)
     log.write(op=0, type="start", kind=args.kind, pid=os.getpid())
     try:
@@ -450,8 +480,10 @@ def main(argv: list[str] | None = None) -> int:
                    [name for name in args.locks.split(",") if name])
         elif args.kind == "W3":
             run_w3(nodes, log, rng, args.ops)
-        else:
+        elif args.kind == "W4":
             run_w4(nodes, log, rng, args.ops)
+        else:
+            run_r1(nodes, log, rng, args.ops)
     finally:
         log.write(op=0, type="end")
         nodes.close()
