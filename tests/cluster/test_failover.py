@@ -184,9 +184,9 @@ def cut_leader_from_etcd(cluster: QueenCluster, leader: str, workers) -> None:
         proxy.pass_()
 
 
-def _new_epoch_writes(workers, epoch: int | None) -> int:
+def _new_epoch_writes(workers, epoch: int) -> int:
     """How many register and counter writes were answered ok in an epoch after `epoch`."""
-    return sum(e["type"] == "ok" and e.get("f") in ("put", "incr") and (e.get("epoch") or 0) > (epoch or 0)
+    return sum(e["type"] == "ok" and e.get("f") in ("put", "incr") and (e.get("epoch") or 0) > epoch
                for w in workers for e in read_log(w.log_path))
 
 
@@ -196,18 +196,20 @@ def cut_leader_from_etcd_and_clients(cluster: QueenCluster, leader: str, workers
     The others go to the new leader; the cut holds until it has answered writes, and T_l more.
     Nothing but the pinned reads reaches the zombie, so it has no write of its own waiting for its
     former standby, and each read waits for nothing but what guards reads: its round trip (the
-    read barrier) to a sync set that refuses its epoch (the epoch check)."""
+    read barrier) to that standby, which promised a newer epoch and refuses the old one's
+    messages (the epoch check)."""
     reader = WorkerProcess("R1", [cluster.nodes[leader].direct_url], cluster.work_dir, "r1-pinned", ops=100_000,
                            seed=1, pinned=True, pace_ms=20).start()
     workers.append(reader)  # run_scenario waits for it and checks its calls with the others'
-    wait_until(lambda: any(e["type"] == "ok" for e in reader.events()), 30, "the pinned reader read")
-    epoch = cluster.epoch()
+    first = wait_until(lambda: next((e for e in reader.events() if e["type"] == "ok"), None), 30,
+                       "the pinned reader read")
+    epoch = first["epoch"]  # the old leader's
     cut = [*cluster.etcd_link(leader), cluster.client_link(leader)]
     for proxy in cut:
         proxy.blackhole()
     cluster.wait_leader(other_than=leader)
     wait_until(lambda: _new_epoch_writes(workers, epoch) >= 5, 30, "writes answered in the new epoch")
-    time.sleep(LEADER_TTL_S)  # the zombie keeps answering its pinned reader meanwhile: that is the fault
+    time.sleep(LEADER_TTL_S)  # the zombie keeps trying to serve its pinned reader meanwhile: that is the fault
     for proxy in cut:
         proxy.pass_()
     reader.stop()
