@@ -13,8 +13,12 @@ import trio
 
 from queen.cluster import faults as test_faults
 from queen.cluster.replication import (
+    ACK,
     FRAME,
     HEARTBEAT,
+    PROBE,
+    REFUSE,
+    MessageReader,
     Replicator,
     RestartNeeded,
     StreamEnded,
@@ -299,6 +303,53 @@ async def test_a_follower_refuses_frames_of_an_epoch_other_than_its_promise(tmp_
             await n2.replicator.follow(2, "fake", ("127.0.0.1", port))
         await until(lambda: got, "the refusal")
         assert b"promised 2" in got[0] and n2.replicator.clock_floor_ms == 123
+        await n2.stop()
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("guard", ["on", "off"])
+async def test_a_promise_made_while_following_ends_the_old_epoch_unless_the_guard_is_off(tmp_path, monkeypatch, guard):
+    # A follower of epoch 1 promises 2 (the coordinator would close the stream first; here it
+    # stays open): the next epoch-1 PROBE is refused. With the failover suite's deliberate bug
+    # (QUEEN_TEST_NO_EPOCH_CHECK) it is echoed instead, in epoch 1: the old leader's read round
+    # trip completes after a newer epoch was promised.
+    if guard == "off":
+        monkeypatch.setenv("QUEEN_TEST_NO_EPOCH_CHECK", "1")
+    async with running() as nursery:
+        [n2] = await cluster_of(nursery, tmp_path, names=("n2",))
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        hello, promised, got = trio.Event(), trio.Event(), []
+        ended = []
+
+        async def fake_leader(stream):
+            reader = MessageReader(stream)
+            await reader.next()  # HELLO
+            hello.set()
+            await promised.wait()
+            await stream.send_all(encode([PROBE, 1, 7, 123]))
+            got.append(await reader.next())
+            await trio.sleep_forever()  # the stream stays open: only the follower may end it
+
+        async def follow():
+            try:
+                await n2.replicator.follow(1, "fake", ("127.0.0.1", port))
+            except StreamEnded as error:
+                ended.append(str(error))
+
+        nursery.start_soon(trio.serve_listeners, fake_leader, listeners)
+        await n2.replicator.promise(1)
+        nursery.start_soon(follow)
+        await hello.wait()
+        await n2.replicator.promise(2)
+        promised.set()
+        await until(lambda: got, "the follower's answer to the probe")
+        if guard == "on":
+            assert got[0][0] == REFUSE and "promised 2" in got[0][1]
+            await until(lambda: ended, "the stream ended")
+        else:
+            assert got[0][0] == ACK and got[0][1] == 1 and got[0][3] == 7, got[0]
+            assert ended == [] and n2.replicator.role == "follower"
         await n2.stop()
         nursery.cancel_scope.cancel()
 
