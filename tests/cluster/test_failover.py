@@ -524,12 +524,6 @@ def kill_leader_as_a_lease_begins(cluster: QueenCluster, leader: str, workers) -
     return struck
 
 
-def _not_caught_yet(why: str):
-    """A control whose bug this scenario does not expose yet: listed, run, and expected to be
-    missed (xfail, not strict: a run that catches it is welcome), with the reason."""
-    return pytest.mark.xfail(reason=f"control not caught yet: {why}", strict=False)
-
-
 # The lease-grace control: one lock with 2 s leases and four workers after it, the holder keeping
 # it 9 s; the kill comes right after a grant, so that lease is live at the old leader's last time
 # (the EPOCH's clock floor) and the grace (8 s, --lease-grace) owes it until about grant + 8 s. The
