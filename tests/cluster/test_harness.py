@@ -44,6 +44,23 @@ def test_etcd_cluster_loses_and_regains_quorum(tmp_path):
         assert "/queen/t/probe" in etcd.get_prefix("/queen/t/")
 
 
+def test_etcd_names_its_raft_leader_and_a_leader_without_quorum_steps_down(tmp_path):
+    with EtcdCluster(str(tmp_path), n=3) as etcd:
+        leader = etcd.leader_member()
+        assert [etcd.leads(i) for i in range(3)].count(True) == 1 and etcd.leads(leader)
+        followers = [i for i in range(3) if i != leader]
+        for i in followers:
+            etcd.members[i].pause()
+        try:
+            # check-quorum: a leader that hears no quorum for an election timeout steps down
+            poll(lambda: not etcd.leads(leader, timeout_s=0.5), what="the raft leader stepped down")
+        finally:
+            for i in followers:
+                etcd.members[i].resume()
+        etcd.wait_healthy()
+        assert [etcd.leads(i) for i in range(3)].count(True) == 1
+
+
 class EchoServer:
     """Echoes every byte back; counts what it received."""
 

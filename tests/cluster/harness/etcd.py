@@ -159,6 +159,19 @@ class EtcdCluster:
         with urllib.request.urlopen(request, timeout=timeout_s) as answer:
             return json.loads(answer.read())
 
+    def leader_member(self) -> int:
+        """The index of etcd's raft leader (N5 picks which members to pause by it)."""
+        return next(i for i, m in enumerate(self.members) if m.alive() and not m.paused and self.leads(i))
+
+    def leads(self, member: int, timeout_s: float = 1.0) -> bool:
+        """Whether the member says it is the raft leader (its status, served without quorum);
+        False when it does not answer."""
+        try:
+            answer = self.call("maintenance/status", {}, member, timeout_s)
+        except (OSError, ValueError):
+            return False
+        return answer.get("leader") == answer["header"]["member_id"]
+
     def put(self, key: str, value: str, member: int | None = None, timeout_s: float = 3.0) -> dict:
         return self.call("kv/put", {"key": _b64(key), "value": _b64(value)}, member, timeout_s)
 
