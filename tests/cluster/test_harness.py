@@ -44,10 +44,11 @@ def test_etcd_cluster_loses_and_regains_quorum(tmp_path):
         assert "/queen/t/probe" in etcd.get_prefix("/queen/t/")
 
 
-def test_etcd_names_its_raft_leader_and_a_leader_without_quorum_steps_down(tmp_path):
+def test_etcd_raft_leader_moves_and_steps_down_without_quorum(tmp_path):
     with EtcdCluster(str(tmp_path), n=3) as etcd:
-        leader = etcd.leader_member()
-        assert [etcd.leads(i) for i in range(3)].count(True) == 1 and etcd.leads(leader)
+        leader = (etcd.leader_member() + 1) % 3
+        etcd.move_leader(leader)
+        assert [etcd.leads(i) for i in range(3)] == [i == leader for i in range(3)]
         followers = [i for i in range(3) if i != leader]
         for i in followers:
             etcd.members[i].pause()

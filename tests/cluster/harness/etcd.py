@@ -172,6 +172,19 @@ class EtcdCluster:
             return False
         return answer.get("leader") == answer["header"]["member_id"]
 
+    def move_leader(self, to: int, timeout_s: float = 10.0) -> None:
+        """Hand raft leadership to member `to` (etcd's transfer-leadership), until it leads."""
+        deadline = time.monotonic() + timeout_s
+        while not self.leads(to):
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"{self.members[to].name} did not become the raft leader within {timeout_s} s")
+            target = self.call("maintenance/status", {}, to)["header"]["member_id"]
+            try:
+                self.call("maintenance/transfer-leadership", {"targetID": target}, self.leader_member(), timeout_s)
+            except (OSError, StopIteration):
+                pass  # an election meanwhile: look again
+            time.sleep(0.05)  # polling a real process
+
     def put(self, key: str, value: str, member: int | None = None, timeout_s: float = 3.0) -> dict:
         return self.call("kv/put", {"key": _b64(key), "value": _b64(value)}, member, timeout_s)
 
