@@ -69,6 +69,10 @@ class Settings:
         return max(self.leader_ttl_s / 4, 2 * self.poll_s)
 
     @property
+    def keepalive_every_s(self) -> float:
+        return self.leader_ttl_s / 5
+
+    @property
     def grace_ms(self) -> int:
         return int((self.lease_grace_s or self.leader_ttl_s) * 1000)
 
@@ -206,6 +210,14 @@ def fence_due(lease_renewed_at: float, now: float, ttl_s: float, margin_s: float
     when it processed that keepalive, which is later, so the lease lives at least until
     lease_renewed_at + ttl; fencing margin_s before that is always in time."""
     return now >= lease_renewed_at + ttl_s - margin_s
+
+
+def lease_fresh(lease_renewed_at: float, now: float, ttl_s: float, margin_s: float, keepalive_every_s: float) -> bool:
+    """Whether the lease is recent enough to campaign on: the fence is not due before the next
+    keepalive. Keepalives that went unanswered (etcd without quorum) may still have kept the lease
+    alive, and etcd extends leases when it elects a leader, so a campaign on it can win; but the
+    self-fence, which knows only the answered ones, would end that epoch at once."""
+    return not fence_due(lease_renewed_at, now + keepalive_every_s, ttl_s, margin_s)
 
 
 def campaign_members(sync: SyncKey | None, node: str, mode: str) -> frozenset[str]:
@@ -438,7 +450,9 @@ class Coordinator:
             heard_at = -math.inf if self.faults.no_heard_leader_rule else self.replicator.leader_heard_at
             reason = campaign_reason(observed, node, self.replicator.promised_epoch, heard_at, self.clock(),
                                      self.settings.leader_ttl_s)
-            if reason is not None and self.lease:
+            settings = self.settings
+            if reason is not None and self.lease and lease_fresh(self.lease_renewed_at, self.clock(), settings.leader_ttl_s,
+                                                                 settings.fence_margin_s, settings.keepalive_every_s):
                 await self._campaign(observed, reason)
 
     # -- following ---------------------------------------------------------------------------------
@@ -660,7 +674,7 @@ class Coordinator:
     async def _keepalive_loop(self) -> None:
         settings = self.settings
         while True:
-            await trio.sleep(settings.leader_ttl_s / 5)
+            await trio.sleep(settings.keepalive_every_s)
             if self.keepalive_paused:
                 continue
             sent = self.clock()

@@ -19,7 +19,7 @@ from queen.cluster.coordinator import (
     Settings,
     SyncKey,
 )
-from queen.cluster.etcd import EtcdClient
+from queen.cluster.etcd import EtcdClient, EtcdUnavailable
 from tests.cluster.etcd_single import etcd  # noqa: F401 - the fixture
 from tests.cluster.fake_replication import FakeNet, FakeReplicator, FakeWriter, FollowerStatus
 
@@ -69,6 +69,14 @@ def test_fence_is_due_before_the_lease_can_expire():
     assert c.fence_due(100.0, 101.5, 2.0, 0.5)
     settings = Settings("t", "a", "http://a", "a:1", leader_ttl_s=2.0)
     assert 0 < settings.fence_margin_s < 2.0 and settings.grace_ms == 2000
+
+
+def test_a_lease_is_fresh_enough_to_campaign_on_until_the_fence_is_due_by_the_next_keepalive():
+    assert c.lease_fresh(100.0, 101.0, 2.0, 0.5, 0.4)
+    assert not c.lease_fresh(100.0, 101.1, 2.0, 0.5, 0.4)  # the fence is due at 101.5, before a keepalive at 101.5
+    assert not c.lease_fresh(-math.inf, 100.0, 2.0, 0.5, 0.4)  # never renewed
+    settings = Settings("t", "a", "http://a", "a:1", leader_ttl_s=2.0)
+    assert settings.keepalive_every_s == 0.4
 
 
 def test_campaign_members():
@@ -221,6 +229,45 @@ async def test_a_lapsed_lease_elects_a_sync_member_and_the_old_leader_fences_fir
         old.coordinator.keepalive_paused = False
         await settled(nodes)  # the old leader follows the new one
         assert old.coordinator.epoch == new.coordinator.epoch
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_node_whose_keepalives_went_unanswered_waits_for_one_before_campaigning(etcd):  # noqa: F811
+    """etcd without quorum (N5): keepalives time out, yet their lease may live on (etcd extends
+    leases when it elects a leader again). A sync member that then finds no leader key must not
+    campaign on that lease: it would win an epoch its own fence ends at once. It campaigns once a
+    keepalive is answered."""
+    net = FakeNet()
+    async with trio.open_nursery() as nursery:
+        nodes = await start(nursery, net, etcd.url, ["a", "b", "c"])
+        old = await settled(nodes)
+        [member] = old.coordinator.sync.members
+        heir = next(n for n in nodes if n.replicator.node == member)
+        keepalive = heir.etcd.lease_keepalive
+
+        async def answer_lost(lease):
+            await keepalive(lease)  # etcd renews the lease; the answer never comes back
+            raise EtcdUnavailable("no answer in time")
+
+        heir.etcd.lease_keepalive = answer_lost
+        seen_before = len(heir.coordinator.events)
+        old.kill()
+
+        def may_campaign_but_for_the_lease():
+            observed, replicator = heir.coordinator.observed, heir.replicator
+            return observed.leader is None and c.campaign_reason(
+                observed, member, replicator.promised_epoch, replicator.leader_heard_at, trio.current_time(),
+                TTL) == "failover"
+
+        await until(may_campaign_but_for_the_lease)
+        for _ in range(3):  # three more polls that found no leader key
+            polled = heir.coordinator.observed
+            await until(lambda polled=polled: heir.coordinator.observed is not polled)
+        roles = [role for _, role, _ in list(heir.coordinator.events)[seen_before:]]
+        assert c.CANDIDATE not in roles and heir.replicator.stepped_down == [], roles
+        heir.etcd.lease_keepalive = keepalive  # answered again
+        await until(lambda: heir.coordinator.role == c.LEADER)
+        assert heir.replicator.stepped_down == []  # led, and was not fenced on the way
         nursery.cancel_scope.cancel()
 
 

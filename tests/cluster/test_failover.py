@@ -14,9 +14,11 @@ import sys
 import time
 import zlib
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import pytest
 
+from queen.testing import parse_log_line
 from tests.cluster.harness import checks
 from tests.cluster.harness.etcd import EtcdCluster
 from tests.cluster.harness.nodes import QueenCluster, cluster_supported
@@ -322,6 +324,114 @@ def test_n3b_data_path_fence_holds_without_timing(tmp_path):
 def test_n4_leader_cut_from_standby(tmp_path, mode, nodes):
     assert_clean(run_scenario(tmp_path, f"N4-{mode}", cut_leader_from_standby, nodes=nodes, sync_mode=mode),
                  failover=False)
+
+
+# N5: etcd loses quorum for 5 x T_l. The leader serves at most T_l - T_l/4 after the last
+# keepalive etcd accepted (its self-fence), and etcd accepts keepalives until its raft leader is
+# paused or steps down for want of a quorum (check-quorum, 1-2 election timeouts: etcd 3.4 renews
+# leases on its leader without a quorum round). No write may be answered ok later than that
+# plus T_l: the fence's T_l/4 margin and N5_DELIVERY_MS cover the fence loop's tick and an answer
+# released just before the fence reaching its worker on a busy machine.
+ETCD_OUTAGE_S = 5 * LEADER_TTL_S
+N5_DELIVERY_MS = 500
+
+
+def etcd_loses_quorum(keep: str):
+    """N5: SIGSTOP two of the three etcd members for ETCD_OUTAGE_S, then SIGCONT them. e0, the
+    endpoint every node's etcd client tries first, is made the raft leader; keep: "raft-leader"
+    pauses e1 and e2, so e0 answers at once and leads raft until check-quorum demotes it, renewing
+    leases meanwhile; "raft-follower" pauses e0 and e1 (each call waits out e0 first).
+    Meanwhile, about every 0.1 s: which nodes serve as leader, and whether the member left still
+    leads raft (until then it may renew the Queen leader's lease)."""
+    def nemesis(cluster: QueenCluster, leader: str, workers):
+        etcd = cluster.etcd
+        etcd.move_leader(0)
+        kept = 0 if keep == "raft-leader" else 2
+        paused = [i for i in range(3) if i != kept]
+        outage = cluster.outage = {"leader": leader, "epoch": cluster.epoch(), "kept": kept,
+                                   "raft_leader": etcd.leader_member(), "rounds": [], "renewals_end_t": None}
+        struck = mono_ms(), wall_ms()
+        try:
+            for member in paused:
+                etcd.members[member].pause()
+            ends = time.monotonic() + ETCD_OUTAGE_S
+            while time.monotonic() < ends:  # the outage is the fault
+                serving = [node for node in cluster.nodes if (cluster.status(node, timeout_s=0.5) or {}).get("serving")]
+                outage["rounds"].append((mono_ms(), serving))
+                if outage["renewals_end_t"] is None and not etcd.leads(kept, timeout_s=0.5):
+                    outage["renewals_end_t"] = mono_ms()
+                time.sleep(0.1)
+        finally:
+            for member in paused:
+                etcd.members[member].resume()
+            outage["paused_t"], outage["paused_wall"], outage["resumed_t"] = *struck, mono_ms()
+        etcd.wait_healthy(30)
+        outage["etcd_back_ms"] = mono_ms() - outage["resumed_t"]
+        return struck
+    return nemesis
+
+
+def _role_changes(cluster: QueenCluster, node: str) -> list[dict]:
+    """The node's event=cluster_role log lines, parsed (ts is its wall clock)."""
+    with open(cluster.nodes[node].server.stderr_path, errors="replace") as log:
+        return [parse_log_line(line.strip()) for line in log if "event=cluster_role" in line]
+
+
+def _ms(value: float | None) -> str:
+    return "none" if value is None else f"{value:.0f} ms"
+
+
+def _wall_ms(ts: str) -> float:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1000
+
+
+# Which two to pause: keeping etcd's raft leader, and the endpoint the nodes try first, is the
+# harder case (it renews the Queen leader's lease at once until it steps down, up to 2 s after the
+# pause: the last ok write came 2.3-3.2 s after it; with the raft leader elsewhere or paused, each
+# keepalive first waits out a paused member, and the last came 1.2-1.7 s after), so that is the CI
+# case; the other runs nightly.
+@pytest.mark.parametrize("keep", ["raft-leader", pytest.param("raft-follower", marks=pytest.mark.nightly)])
+def test_n5_etcd_without_quorum(tmp_path, keep):
+    outcome = run_scenario(tmp_path, f"N5-{keep}", etcd_loses_quorum(keep))
+    assert_clean(outcome, failover=False)  # the new epoch's first write is timed from the resume below
+    cluster, outage = outcome.cluster, outcome.cluster.outage
+    paused_t, resumed_t = outage["paused_t"], outage["resumed_t"]
+    writes = [c for c in outcome.calls if c.ok and c.f in checks.WRITES]
+    before_resume = [c for c in writes if c.outcome["t"] < resumed_t]
+    after_resume = sorted((c for c in writes if c.outcome["t"] > resumed_t), key=lambda c: c.outcome["t"])
+    last_ms = max(c.outcome["t"] for c in before_resume) - paused_t if before_resume else None
+    first_ms = after_resume[0].outcome["t"] - resumed_t if after_resume else None
+    nodes_by_url = {node.url: node_id for node_id, node in cluster.nodes.items()}
+    leader_after = nodes_by_url.get(after_resume[0].outcome["node"]) if after_resume else None
+    served_ms = max((t for t, serving in outage["rounds"] if serving), default=paused_t) - paused_t
+    fenced = next((r for r in _role_changes(cluster, outage["leader"]) if r["role"] == "fenced"), None)
+    fenced_ms = _wall_ms(fenced["ts"]) - outage["paused_wall"] if fenced else None
+    renewals_ms = outage["renewals_end_t"] - paused_t if outage["renewals_end_t"] is not None else None
+    print(f"N5-{keep}: pause -> etcd stops renewing {_ms(renewals_ms)}, last ok write {_ms(last_ms)} (the leader "
+          f"fenced at {_ms(fenced_ms)}, {fenced and fenced.get('reason')}; last seen serving at {_ms(served_ms)}); "
+          f"resume -> etcd healthy {_ms(outage['etcd_back_ms'])}, first ok write {_ms(first_ms)}; "
+          f"leader {outage['leader']} (epoch {outage['epoch']}) -> {leader_after} "
+          f"(epoch {after_resume[0].epoch if after_resume else None}); etcd kept e{outage['kept']}, "
+          f"raft leader e{outage['raft_leader']}", file=sys.stderr)
+    RESULTS[-1]["failover_ms"] = first_ms
+    # etcd without quorum stopped renewing leases (its raft leader paused, or stepped down).
+    assert renewals_ms is not None, "the etcd member left still led raft at the end of the outage"
+    # The leader stopped itself, by its self-fence, and no write was answered ok beyond the bound.
+    assert fenced is not None and fenced["reason"] == "etcd_unreachable", fenced
+    bound_ms = renewals_ms + LEADER_TTL_S * 1000 + N5_DELIVERY_MS
+    late = [c.outcome for c in before_resume if c.outcome["t"] - paused_t > bound_ms]
+    assert late == [], (bound_ms, late[:3])
+    # One leader at a time: no poll found two nodes serving, and none served beyond the bound.
+    assert all(len(serving) <= 1 for _, serving in outage["rounds"]), outage["rounds"]
+    assert served_ms <= bound_ms, (bound_ms, outage["rounds"])
+    # No node crashed.
+    for node_id, node in cluster.nodes.items():
+        with open(node.server.stderr_path, errors="replace") as log:
+            assert "Traceback" not in log.read(), f"{node_id} logged a traceback"
+    # The cluster leads again and the workers make progress after the heal (etcd's own recovery,
+    # 2-6 s after SIGCONT here, is not the coordinator's to bound: timed from etcd healthy again).
+    assert first_ms is not None, "no ok write after etcd came back"
+    assert first_ms - outage["etcd_back_ms"] < FAILOVER_BOUND_MS, (first_ms, outage["etcd_back_ms"])
 
 
 SWITCHOVER_BOUND_MS = 5_000  # asserted loosely (busy machine); the goal, < 1 s, is in the summary

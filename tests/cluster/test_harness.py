@@ -44,6 +44,24 @@ def test_etcd_cluster_loses_and_regains_quorum(tmp_path):
         assert "/queen/t/probe" in etcd.get_prefix("/queen/t/")
 
 
+def test_etcd_raft_leader_moves_and_steps_down_without_quorum(tmp_path):
+    with EtcdCluster(str(tmp_path), n=3) as etcd:
+        leader = (etcd.leader_member() + 1) % 3
+        etcd.move_leader(leader)
+        assert [etcd.leads(i) for i in range(3)] == [i == leader for i in range(3)]
+        followers = [i for i in range(3) if i != leader]
+        for i in followers:
+            etcd.members[i].pause()
+        try:
+            # check-quorum: a leader that hears no quorum for an election timeout steps down
+            poll(lambda: not etcd.leads(leader, timeout_s=0.5), what="the raft leader stepped down")
+        finally:
+            for i in followers:
+                etcd.members[i].resume()
+        etcd.wait_healthy()
+        assert [etcd.leads(i) for i in range(3)].count(True) == 1
+
+
 class EchoServer:
     """Echoes every byte back; counts what it received."""
 

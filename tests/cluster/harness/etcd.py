@@ -159,6 +159,32 @@ class EtcdCluster:
         with urllib.request.urlopen(request, timeout=timeout_s) as answer:
             return json.loads(answer.read())
 
+    def leader_member(self) -> int:
+        """The index of etcd's raft leader (N5 picks which members to pause by it)."""
+        return next(i for i, m in enumerate(self.members) if m.alive() and not m.paused and self.leads(i))
+
+    def leads(self, member: int, timeout_s: float = 1.0) -> bool:
+        """Whether the member says it is the raft leader (its status, served without quorum);
+        False when it does not answer."""
+        try:
+            answer = self.call("maintenance/status", {}, member, timeout_s)
+        except (OSError, ValueError):
+            return False
+        return answer.get("leader") == answer["header"]["member_id"]
+
+    def move_leader(self, to: int, timeout_s: float = 10.0) -> None:
+        """Hand raft leadership to member `to` (etcd's transfer-leadership), until it leads."""
+        deadline = time.monotonic() + timeout_s
+        while not self.leads(to):
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"{self.members[to].name} did not become the raft leader within {timeout_s} s")
+            target = self.call("maintenance/status", {}, to)["header"]["member_id"]
+            try:
+                self.call("maintenance/transfer-leadership", {"targetID": target}, self.leader_member(), timeout_s)
+            except (OSError, StopIteration):
+                pass  # an election meanwhile: look again
+            time.sleep(0.05)  # polling a real process
+
     def put(self, key: str, value: str, member: int | None = None, timeout_s: float = 3.0) -> dict:
         return self.call("kv/put", {"key": _b64(key), "value": _b64(value)}, member, timeout_s)
 
