@@ -746,7 +746,12 @@ class Coordinator:
     async def _hand_over(self, to: str, followers: dict, wait_s: float) -> dict:
         settings = self.settings
         deadline = self.clock() + wait_s
-        while followers[to].lag_versions > 0:  # caught up before it may be listed
+        # Caught up before it may be listed: to where this log stood when the hand-off began. Lag 0
+        # at one instant is no goal under steady writes (each new frame reopens it: the wait could
+        # run out with the follower one frame behind all along); what it has not acked since is
+        # shipped to it, and acked before the leader key goes (below).
+        goal = followers[to].acked_version + followers[to].lag_versions  # this log's last durable version
+        while followers[to].acked_version < goal:
             if self.clock() >= deadline:
                 raise NotPossible(f"{to} did not catch up within {wait_s} s")
             await trio.sleep(0.02)
