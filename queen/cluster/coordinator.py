@@ -790,7 +790,9 @@ class Coordinator:
         result = await self.etcd.txn([guard], [e.delete_op(keys.leader), e.put_op(keys.sync, _json(doc))])
         if not result.succeeded:
             raise NotPossible("the sync key changed meanwhile; look again and retry")
-        node_last = info.get(node, {}).get("lastVersion")
+        # The node's own log when it is this one (exact); another's from its members/ document.
+        node_last = (self.replicator.log_position()[1] if node == self.settings.node
+                     else info.get(node, {}).get("lastVersion"))
         old_last = info.get(old_leader, {}).get("lastVersion") if old_leader else None
         report = {"node": node, "syncEpoch": result.revision, "oldLeader": old_leader, "nodeLastVersion": node_last,
                   "oldLeaderLastVersion": old_last, "mayBeLost": lost_estimate(node_last, old_last),

@@ -313,6 +313,7 @@ async def test_force_promote_an_async_follower_reports_what_may_be_lost(etcd):  
         report = await target.coordinator.force_promote(target.replicator.node)
         assert report["node"] == target.replicator.node and report["oldLeader"] == old.replicator.node
         assert report["mayBeLost"] > 0
+        assert report["nodeLastVersion"] == target.replicator.log_position()[1]  # asked of itself: its own log
         assert report["oldLeaderLastVersion"] - report["nodeLastVersion"] == report["mayBeLost"]
         await until(lambda: target.coordinator.role == c.LEADER)
         assert target.coordinator.epoch > report["syncEpoch"] > epoch
