@@ -15,6 +15,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -540,7 +541,7 @@ def test_n8_follower_data_dir_wiped(tmp_path, extra_args):
     RESULTS[-1]["failover_ms"] = stall
     assert stall is not None and stall < FAILOVER_BOUND_MS, stall
     if extra_args:  # the path meant: the leader sent the wiped node a snapshot
-        logs = "".join(open(node.server.stderr_path, errors="replace").read() for node in outcome.cluster.nodes.values())
+        logs = "".join(Path(node.server.stderr_path).read_text(errors="replace") for node in outcome.cluster.nodes.values())
         assert "event=follower_snapshot" in logs, "no snapshot was streamed"
 
 
