@@ -170,9 +170,17 @@ def count_disk_operations(tmp_path) -> int:
     return disk.ops
 
 
+# The same workload does not always touch the disk the same number of times: 29 runs of 30 did
+# 118 operations here, one did 111 (trio's scheduler shuffles its run queue, and the snapshot task
+# runs beside the calls).
+# So the count is the most of a few runs, and a crash run that ends before its point is run again.
+COUNTING_RUNS = 3
+ATTEMPTS = 5
+
+
 @pytest.fixture(scope="module")
 def crash_points(tmp_path_factory):
-    return count_disk_operations(tmp_path_factory.mktemp("count"))
+    return max(count_disk_operations(tmp_path_factory.mktemp("count")) for _ in range(COUNTING_RUNS))
 
 
 CHUNKS = 6
@@ -182,11 +190,14 @@ CHUNKS = 6
 def test_power_loss_at_every_disk_operation_keeps_every_acknowledged_call(chunk, crash_points, tmp_path):
     assert crash_points > 50
     for crash_at in range(1 + chunk, crash_points + 1, CHUNKS):
-        data_dir = tmp_path / f"crash-at-{crash_at}"
-        os.makedirs(data_dir)
-        disk = ForgetfulDisk(seed=crash_at, crash_at=crash_at)
-        model, in_flight = trio.run(run_workload, data_dir, disk)
-        assert disk.dead, f"crash point {crash_at} was never reached ({disk.ops} disk operations)"
+        for attempt in range(ATTEMPTS):
+            data_dir = tmp_path / f"crash-at-{crash_at}-{attempt}"
+            os.makedirs(data_dir)
+            disk = ForgetfulDisk(seed=crash_at, crash_at=crash_at)
+            model, in_flight = trio.run(run_workload, data_dir, disk)
+            if disk.dead:
+                break
+        assert disk.dead, f"crash point {crash_at} was never reached in {ATTEMPTS} runs ({disk.ops} disk operations)"
         disk.crash()
         rows, highest, next_version = trio.run(recovered_rows, data_dir, disk)
         possible = [model.rows] + ([in_flight] if in_flight is not None else [])
