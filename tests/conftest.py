@@ -6,6 +6,7 @@ process wrote parses as logfmt (or JSON, under --log-format json)."""
 import logging
 import re
 import shutil
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -43,6 +44,18 @@ def pytest_configure(config):
     logging.getLogger("queen.audit").setLevel(logging.INFO)
 
 
+# What each pytest-xdist worker's whole-run checks found (a worker's own exit status does not
+# reach the controller, so it hands its findings over and the controller fails the run).
+_from_workers: list[dict] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    output = getattr(node, "workeroutput", {})
+    if "whole_run" in output:
+        _from_workers.append({**output["whole_run"], "fault_outcomes": output.get("fault_outcomes", [])})
+
+
 def pytest_sessionfinish(session, exitstatus):
     found = list(_watch.found)
     factory = getattr(session.config, "_tmp_path_factory", None)
@@ -53,6 +66,18 @@ def pytest_sessionfinish(session, exitstatus):
                 if SECRET.search(path.read_text(errors="replace")):
                     found.append(f"file {path}")
     unparsed = _unparsed_log_lines()
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller reports for it
+        workeroutput["whole_run"] = {"found": found, "unparsed": unparsed}
+        if "tests.faults.workloads" in sys.modules:  # it ran fault-suite tests
+            from tests.faults import summary
+            from tests.faults.workloads import OUTCOMES
+
+            workeroutput["fault_outcomes"] = summary.as_plain(OUTCOMES)
+        return
+    for findings in _from_workers:
+        found += findings["found"]
+        unparsed += findings["unparsed"]
     if unparsed:
         print(f"\nLOG LINES THAT ARE NEITHER LOGFMT NOR JSON: {len(unparsed)}, first: {unparsed[0]}")
         session.exitstatus = 1
@@ -89,7 +114,36 @@ def serve():
     return partial(open_server, disk_inline=False)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, the README's test command): a file's tests stay
+    on one worker, so its module fixtures run once; the cluster suite's files all on one, so its
+    scenarios (13 processes each, mostly waiting out timeouts) run one at a time, as they were
+    tuned, beside the CPU-bound rest."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        path = item.path.relative_to(config.rootpath).as_posix()
+        item.add_marker(pytest.mark.xdist_group("tests/cluster" if path.startswith("tests/cluster/") else path))
+
+
 def pytest_terminal_summary(terminalreporter):
+    # A test that skips because the machine lacks a tool says so here, once per reason, whichever
+    # process ran it (its own output is captured, and an xdist worker's is not shown at all).
+    loud = []
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        if "SKIPPED LOUDLY" in reason and reason not in loud:
+            loud.append(reason)
+    for reason in loud:
+        terminalreporter.write_line(reason, red=True, bold=True)
+    outcomes = [pair for findings in _from_workers for pair in findings.get("fault_outcomes", [])]
+    if outcomes or "tests.faults.workloads" in sys.modules:
+        from tests.faults import summary
+        from tests.faults.workloads import OUTCOMES
+
+        summary.write(terminalreporter, OUTCOMES + summary.from_plain(outcomes))
     if shutil.which("openssl") is None:
         terminalreporter.write_line("SKIPPED: the TLS tests need the openssl command to make throwaway certificates "
                                     "(apt-get install openssl; .ci/run does it)", red=True, bold=True)
