@@ -7,6 +7,7 @@ import logging
 import re
 import shutil
 import sys
+from collections import Counter
 from functools import partial
 from pathlib import Path
 
@@ -116,15 +117,25 @@ def serve():
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n 2 --dist loadgroup`, the README's test command): a file's tests stay
-    on one worker, so its module fixtures run once; the cluster suite's files all on one, so its
-    scenarios (13 processes each, mostly waiting out timeouts) run one at a time, as they were
-    tuned, beside the CPU-bound rest."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
+    """pytest-xdist (`-n 2 --dist loadfile`, the README's test command) hands tests to its workers
+    by node id, and schemathesis gives all the cases of one test the same id (the operation is in
+    the name only): they would run once, not 48 times. Each such test takes its name as its id; a
+    duplicate left fails the run here instead of quietly running fewer tests."""
+    shared = Counter(item.nodeid for item in items)
     for item in items:
-        path = item.path.relative_to(config.rootpath).as_posix()
-        item.add_marker(pytest.mark.xdist_group("tests/cluster" if path.startswith("tests/cluster/") else path))
+        if shared[item.nodeid] > 1:
+            _id_from_name(item)
+    left = [nodeid for nodeid, count in Counter(item.nodeid for item in items).items() if count > 1]
+    if left:
+        raise pytest.UsageError(f"{len(left)} test ids name several tests each (first: {left[0]}): "
+                                "under pytest-xdist only one of each would run")
+
+
+def _id_from_name(item) -> None:
+    if hasattr(item, "_id"):  # pytest 9.2 and later keep a structured id
+        item._id = item.parent.id.child(item.name)
+    else:
+        item._nodeid = f"{item.parent.nodeid}::{item.name}"
 
 
 def pytest_terminal_summary(terminalreporter):
