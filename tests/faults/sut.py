@@ -23,7 +23,7 @@ QUEEN_FAULT_WALL_STEP_FILE=<path>
     the server runs, for machines without libfaketime. The monotonic clock is left alone.
 QUEEN_FAULT_CONTROL=<name>
     A deliberate bug, so the suite can show it catches it (a negative control):
-      ack_before_fsync  an fsync makes the data durable only at the next fsync: answers go out first
+      ack_before_fsync  an fsync makes the data durable only a second later: answers go out first
       skip_dir_fsync    directory fsyncs do nothing: a new segment's name may not survive power loss
       reuse_version     after a restart, versions start 1,000 below the last one in the log
       lease_early       locks and semaphores see their leases end one tick (50 ms) early
