@@ -560,7 +560,6 @@ def test_n9_force_promote_reports_lost_writes(tmp_path):
     assert_clean(outcome, "C1", "C2", "C9")  # tokens never repeat (C4) even so
 
 
-@pytest.mark.nightly
 def test_n9_lagging_force_promote_reuses_no_version(tmp_path):
     """The ceiling control's twin: the promoted node lacks at least BEHIND_WRITES acknowledged
     writes, and still hands out no version or fence a client saw (C4) nor one of an older epoch
@@ -671,7 +670,6 @@ def test_negative_control_is_caught(tmp_path, flag, nemesis, nodes, sync_mode, e
     assert caught, f"{flag}: {check} saw nothing (the control was not caught): {outcome.found[check][:3]}"
 
 
-@pytest.mark.nightly
 def test_pinned_reader_twin_is_clean(tmp_path):
     """The epoch-check and read-barrier controls' scenario on a sound server: the zombie's
     pinned reads stall and fail, and every check holds."""
@@ -679,7 +677,6 @@ def test_pinned_reader_twin_is_clean(tmp_path):
                               env=N3B_ENV, hold_s=0.5, **PINNED_READER))
 
 
-@pytest.mark.nightly
 def test_follower_ack_control_twin_is_clean(tmp_path):
     """The follower-ack control's scenario on a sound server: the follower fsyncs what it acks, so
     killing both loses no acknowledged write (every check holds)."""
@@ -687,7 +684,6 @@ def test_follower_ack_control_twin_is_clean(tmp_path):
                               sync_mode="strict", hold_s=0.5))
 
 
-@pytest.mark.nightly
 def test_lease_grace_control_twin_is_clean(tmp_path):
     """The lease-grace control's scenario on a sound server: C6 (and every check) holds."""
     assert_clean(run_scenario(tmp_path, "control-twin-lease-grace", kill_leader_as_a_lease_begins, **LEASE_CONTROL))
