@@ -58,6 +58,10 @@ Timers (`check_timers`):
   schedule of it was `version`; answered "cancelled", "absent" or "unknown".
 * `TimerDelivery(marker, created_at, message_id)`: a message the timer queue delivered, found by
   the marker in its payload; created_at is the message's createdAt (server clock).
+* `LostPop(after, until)`: an autoAck pop whose answer never came (the server died under it). It
+  may have taken and acknowledged what the queue held: those messages reach nobody, which autoAck
+  allows. `after` is when the last answered pop before it was sent (what fired before then, that
+  pop took), `until` when it failed.
 
 Recurring timers (`check_recurring`):
 
@@ -446,8 +450,19 @@ class TimerDelivery:
     message_id: str
 
 
+@dataclass(frozen=True)
+class LostPop:
+    after: int
+    until: int
+
+
+# How late a timer may fire after its `at` and still be taken by a lost pop: one due while the
+# server was down fires when it is back (a crash's downtime here is under a second).
+LATE_FIRE_MS = 3000
+
+
 def check_timers(schedules: list[Schedule], cancels: list[Cancel], deliveries: list[TimerDelivery],
-                 *, end_ms: int | None = None, tolerance_ms: int = 0) -> list[dict]:
+                 *, end_ms: int | None = None, tolerance_ms: int = 0, lost_pops: tuple = ()) -> list[dict]:
     """Check a timer history.
 
     "early": a version fired (createdAt) before its `at` (less tolerance).
@@ -458,7 +473,9 @@ def check_timers(schedules: list[Schedule], cancels: list[Cancel], deliveries: l
     (createdAt after that schedule's completion, plus tolerance).
     "never_fired" (with `end_ms`): the key's latest version answered scheduled, due by end_ms
     (less tolerance), neither cancelled (a cancel of it answered cancelled or unknown) nor
-    possibly moved (a later version answered unknown), and never delivered.
+    possibly moved (a later version answered unknown), nor possibly taken by a lost pop (due
+    between LATE_FIRE_MS before what the pop before it took and the lost pop's end), and never
+    delivered.
     "unexplained": a delivery whose marker no schedule carried."""
     violations: list[dict] = []
     by_marker = {schedule.marker: schedule for schedule in schedules}
@@ -506,6 +523,8 @@ def check_timers(schedules: list[Schedule], cancels: list[Cancel], deliveries: l
             if any(c.key == key and c.version >= latest.version and c.answered in ("cancelled", "unknown")
                    for c in cancels):
                 continue
+            if any(pop.after - LATE_FIRE_MS <= latest.at <= pop.until + tolerance_ms for pop in lost_pops):
+                continue  # an autoAck pop that was never answered may have taken it
             if latest.marker not in fired:
                 violations.append({"kind": "never_fired", "schedule": _ev(latest), "end_ms": end_ms})
     return violations

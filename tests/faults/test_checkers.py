@@ -7,12 +7,14 @@ import random
 import pytest
 
 from tests.faults.checkers import (
+    LATE_FIRE_MS,
     Ack,
     Add,
     Cancel,
     Delivery,
     Grant,
     Loss,
+    LostPop,
     PeriodDelivery,
     Push,
     Read,
@@ -361,6 +363,17 @@ def test_never_fired():
     assert violations[0]["schedule"]["marker"] == "b@2"
     assert check_timers(schedules, cancels, deliveries, end_ms=None) == []
     assert check_timers(schedules, cancels, deliveries, end_ms=2000 + 5, tolerance_ms=10) == []
+
+
+def test_a_lost_autoack_pop_excuses_only_the_timers_it_could_have_taken():
+    schedules = [schedule("a", 1, 1000), schedule("b", 1, 9000)]
+    # The server died under a pop sent at 1100 (the pop before it was sent at 900): it may have
+    # taken a, due at 1000; b was due long after it.
+    lost = (LostPop(after=900, until=1150),)
+    assert [v["schedule"]["marker"] for v in check_timers(schedules, [], [], end_ms=10_000, lost_pops=lost)] == ["b@1"]
+    # A pop that failed before a was due, or long after what the pop before it took, excuses nothing.
+    for pop in (LostPop(after=100, until=900), LostPop(after=1000 + LATE_FIRE_MS + 1, until=8000)):
+        assert kinds(check_timers(schedules, [], [], end_ms=10_000, lost_pops=(pop,))) == ["never_fired", "never_fired"]
 
 
 def test_absent_cancel_does_not_excuse_a_timer_that_never_fired():

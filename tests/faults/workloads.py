@@ -45,6 +45,7 @@ from tests.faults.checkers import (
     Cancel,
     Delivery,
     Grant,
+    LostPop,
     PeriodDelivery,
     Push,
     Read,
@@ -453,6 +454,8 @@ def run_timers(work_dir: str, seed: int, kills: int = 3, control: str = "", scal
     scheduled = threading.Event()
     steps = int(80 * scale)
     latest_at = [0]
+    lost_pops: list[LostPop] = []
+    answered_pop = [0]  # when the last pop that was answered was sent
 
     def scheduler(target: Target, process: int) -> None:
         srng = random.Random(seed * 11 + process)
@@ -481,9 +484,14 @@ def run_timers(work_dir: str, seed: int, kills: int = 3, control: str = "", scal
         client.close()
 
     def consume_once(client: JsonClient, wait_ms: int) -> bool:
+        invoked = now_ms()
         answer = client.request("GET", f"/api/v1/pop/queue/{TIMER_QUEUE}?batch=50&partitions=3&autoAck=true"
                                 f"&waitMs={wait_ms}", timeout_s=10 + wait_ms / 1000)
-        if answer is None or not answer["success"]:
+        if answer is None:  # no answer: it may have taken (and acked) what the queue held
+            lost_pops.append(LostPop(after=answered_pop[0], until=now_ms()))
+            return False
+        answered_pop[0] = invoked
+        if not answer["success"]:
             return False
         with lock:
             fired.extend(TimerDelivery(marker=m["data"]["m"], created_at=m["createdAt"], message_id=m["messageId"])
@@ -541,10 +549,12 @@ def run_timers(work_dir: str, seed: int, kills: int = 3, control: str = "", scal
     target.server.stop()
     outcome = Outcome("timers", seed, control, ops=len(schedules) + len(cancels) + len(fired), histories=1,
                       promises=("P1", "P5"))
-    outcome.violations += check_timers(schedules, cancels, fired, end_ms=end_ms, tolerance_ms=TOLERANCE_MS)
+    outcome.violations += check_timers(schedules, cancels, fired, end_ms=end_ms, tolerance_ms=TOLERANCE_MS,
+                                       lost_pops=tuple(lost_pops))
     if not end_ms:
         outcome.violations.append({"kind": "not_drained", "latest_at": latest_at[0]})
-    outcome.detail = f"({len(schedules)} schedules, {len(cancels)} cancels, {len(fired)} fired)"
+    outcome.detail = (f"({len(schedules)} schedules, {len(cancels)} cancels, {len(fired)} fired, "
+                      f"{len(lost_pops)} pops unanswered)")
     return _finish(outcome, target, clients)
 
 
