@@ -281,21 +281,15 @@ class Transport:
                 # may go again (below), on the next node, after the hint.
                 self._move_on(endpoint)
             if isinstance(error, RateLimited) and error.code == "rate_limited":
-                # Refused before anything was applied, and over once the bucket refills: wait as
-                # told, to the millisecond when the server says (Retry-After is whole seconds).
-                precise_ms = error.details.get("retryAfterMs")
-                wait_s = precise_ms / 1000 if isinstance(precise_ms, int) else error.retry_after_s or 0.0
+                # Refused before anything was applied, and over once the bucket refills: wait as told.
+                wait_s = error.retry_after_s or 0.0
                 if self._may_retry(attempt, deadline, wait_s):
                     await self._pause(attempt, deadline, wait_s, exact=True, why=(method, path, error))
                     attempt += 1
                     continue
             elif isinstance(error, UnavailableError) and (safe or error.code in NOTHING_APPLIED_503
                                                           or error.code in LEADER_REFUSALS):
-                # A node that is not the leader says when to come back to the millisecond
-                # (retryAfterMs: an election is sub-second once etcd shows it); else Retry-After.
-                precise_ms = error.details.get("retryAfterMs")
-                hint = min(precise_ms / 1000 if isinstance(precise_ms, int) else error.retry_after_s or 0.0,
-                           BACKOFF_MAX_S)
+                hint = min(error.retry_after_s or 0.0, BACKOFF_MAX_S)
                 if self._may_retry(attempt, deadline, hint):
                     await self._pause(attempt, deadline, hint, why=(method, path, error))
                     attempt += 1

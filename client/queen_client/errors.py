@@ -62,8 +62,8 @@ class RateLimited(ApiError):
 
 class UnavailableError(ApiError):
     """503: the server cannot make writes durable, is shutting down, is at its connection limit, or
-    an admin paused the tenant's KV or queues (`paused`).
-    `retry_after_s` is the server's hint."""
+    an admin paused the tenant's KV or queues (`paused`), or the node is not the cluster's leader.
+    `retry_after_s` is the server's hint (to the millisecond when it gives one)."""
 
     def __init__(self, status, code, message, details=None, retry_after_s: float | None = None):
         super().__init__(status, code, message, details)
@@ -122,8 +122,12 @@ def from_response(status: int, body: bytes, retry_after: str | None = None) -> A
         message = str(error.get("message", message))
         details = error.get("details") or {}
     if status in (429, 503):
+        # The hint to the millisecond where the server gives one (details.retryAfterMs: a rate's
+        # refill, a node that is not the leader); Retry-After can only say whole seconds.
+        precise_ms = details.get("retryAfterMs") if isinstance(details, dict) else None
         try:
-            retry_after_s = float(retry_after) if retry_after is not None else None
+            retry_after_s = (precise_ms / 1000 if isinstance(precise_ms, int) and not isinstance(precise_ms, bool)
+                             else float(retry_after) if retry_after is not None else None)
         except ValueError:
             retry_after_s = None
         kind = RateLimited if status == 429 else UnavailableError

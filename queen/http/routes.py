@@ -71,6 +71,10 @@ class MethodNotAllowed(QueenError):
 
 # Answered inline by Api.handle, before any token is read: a health check needs none.
 HEALTH_PATHS = ("/healthz", "/health")  # /health: the Queen MQ client's spelling
+# A hand-off or an election is over a few hundred ms after etcd shows it, and Retry-After is
+# whole seconds: a client told 1 s would wait most of a switchover out. A node that is not the
+# leader says it to the millisecond in its refusal's details, which the SDK uses.
+LEADER_RETRY_MS = 200
 
 
 class Api:
@@ -584,11 +588,6 @@ class Api:
 
     # -- high availability ---------------------------------------------------------------------------
 
-    # A hand-off or an election is over a few hundred ms after etcd shows it, and Retry-After is
-    # whole seconds: a client told 1 s would wait most of a switchover out. The details say it to
-    # the millisecond, which the SDK uses.
-    LEADER_RETRY_MS = 200
-
     def _to_leader(self, request: Request, cluster) -> Response:
         """A node that is not the serving leader: 307 to the leader (same path and query; the
         method and body are kept by the client), or 503 while there is none to send it to."""
@@ -607,10 +606,10 @@ class Api:
                 detail = (f"; its first record waits for the ack of its sync set ({', '.join(sorted(sync.members))})"
                           " before it serves")
             raise Unavailable("not_leader", f"this node is {cluster.role}: not serving{detail}; try again shortly",
-                              {"role": cluster.role, "epoch": cluster.epoch, "retryAfterMs": self.LEADER_RETRY_MS})
+                              {"role": cluster.role, "epoch": cluster.epoch, "retryAfterMs": LEADER_RETRY_MS})
         raise Unavailable("no_leader", "the cluster has no leader right now (an election, or this node cannot reach "
                           "etcd: see its log); try again shortly",
-                          {"role": cluster.role, "epoch": cluster.epoch, "retryAfterMs": self.LEADER_RETRY_MS})
+                          {"role": cluster.role, "epoch": cluster.epoch, "retryAfterMs": LEADER_RETRY_MS})
 
     async def _cluster_status(self, request: Request, parts, query):
         check_params(_query(query), frozenset())

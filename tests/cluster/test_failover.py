@@ -337,6 +337,9 @@ ETCD_OUTAGE_S = 5 * LEADER_TTL_S
 N5_DELIVERY_MS = 500
 
 
+OUTAGE_POLL_S = 0.1  # N5: how often every node's status and etcd's raft leader are read during the outage
+
+
 def etcd_loses_quorum(keep: str):
     """N5: SIGSTOP two of the three etcd members for ETCD_OUTAGE_S, then SIGCONT them. e0, the
     endpoint every node's etcd client tries first, is made the raft leader; keep: "raft-leader"
@@ -361,7 +364,7 @@ def etcd_loses_quorum(keep: str):
                 outage["rounds"].append((mono_ms(), serving))
                 if outage["renewals_end_t"] is None and not etcd.leads(kept, timeout_s=0.5):
                     outage["renewals_end_t"] = mono_ms()
-                time.sleep(0.1)
+                time.sleep(OUTAGE_POLL_S)  # sampling real processes (nodes, etcd) through the outage
         finally:
             for member in paused:
                 etcd.members[member].resume()

@@ -304,6 +304,9 @@ def run_w3(nodes: Nodes, log: Log, rng: random.Random, ops: int) -> None:
                 write=True, key=key, by=1, max=1_000_000)
 
 
+DRAIN_RETRY_S = 0.1  # W4's drain, after a pop that got no answer
+
+
 def _pop(nodes: Nodes, log: Log, queue: str, wait_ms: int, auto_ack: bool) -> dict | None:
     query = f"batch=10&waitMs={wait_ms}" + ("&autoAck=true&partitions=3" if auto_ack else "")
     return log.run(nodes, "pop", "GET", f"/api/v1/pop/queue/{queue}?{query}", write=True, queue=queue)
@@ -355,7 +358,7 @@ def run_w4(nodes: Nodes, log: Log, rng: random.Random, ops: int) -> None:
         fired = bool(timers and timers.get("messages"))
         consumed = _consume(nodes, log, 200)
         if timers is None:
-            time.sleep(0.1)  # no answer: the cluster is between leaders; a client backs off before asking real nodes again
+            time.sleep(DRAIN_RETRY_S)  # polling real nodes: between leaders, ask again shortly, not at once
             empty = 0
             continue
         if wall_ms() > latest_at + 200 and not fired and not consumed:
