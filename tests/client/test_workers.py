@@ -4,11 +4,13 @@ restarted under them, and workers SIGTERMed while they hold messages. Every wait
 process's visible effect (a line in a record file, an exit, the broker's counts)."""
 
 import collections
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -57,6 +59,12 @@ def counts(client, queue) -> tuple[int, int]:
     return group["pending"], group["inFlight"]
 
 
+def open_connections(server) -> int:
+    """The broker's open client connections (GET /api/v1/server, answered in full without an auth file)."""
+    with urllib.request.urlopen(server.url + "/api/v1/server", timeout=5) as answer:
+        return json.load(answer)["connections"]["open"]
+
+
 def assert_running(workers, when: str) -> None:
     for worker in workers:
         if worker.poll() is not None:
@@ -89,10 +97,14 @@ def test_two_workers_complete_every_message_once_through_broker_crashes_and_a_re
             queue = client.queue("jobs")
             # A pop whose answer a crash swallowed leaves its lease to expire: 10 s, not 5 minutes.
             queue.configure(leaseTimeSeconds=10)
-            for first in range(0, total, 200):
-                queue.push_many([queen_client.Push(i, f"p{i % 8}") for i in range(first, first + 200)])
+            before = open_connections(server)  # this client's, and the one asking
             for flavour in ("asyncio", "sync"):
                 workers.append(start_worker(flavour, server, "jobs", records, "--batch", "5", "--lease", "10s"))
+            # Both workers waiting on their pops before the first message goes in: on a loaded
+            # machine one of them could otherwise start after the other had done everything.
+            wait_for(lambda: open_connections(server) >= before + 2, "both workers connected")
+            for first in range(0, total, 200):
+                queue.push_many([queen_client.Push(i, f"p{i % 8}") for i in range(first, first + 200)])
             for step, (done, crash) in enumerate([(250, True), (650, True), (1050, True), (1450, False)]):
                 wait_for(lambda done=done: len(records_of(records)) >= done, f"{done} completions")
                 if crash:
