@@ -1,4 +1,4 @@
-"""The programs the test suite needs beyond PyPI, and how to get them. A test that needs one asks
+"""The programs the test suite needs beyond PyPI and Python, and how to get them. A test that needs one asks
 here; without it, the test skips with one loud line naming what did not run, the Debian package,
 the command that installs it, and that `.ci/run` installs it (tests/conftest.py repeats each such
 line once at the end of the run).
@@ -31,6 +31,7 @@ TOOLS = {tool.command: tool for tool in (
     Tool("promtool", "prometheus"),  # checks /metrics and ops/queen-alerts.yml
     Tool("etcd", "etcd-server", path="/usr/bin/etcd", variable="QUEEN_TEST_ETCD"),  # the cluster suite
     Tool("chromium", "chromium", path="/usr/bin/chromium"),  # the dashboard's browser test
+    Tool("curl", "curl"),  # the README's examples (tests/test_readme.py)
 )}
 
 

@@ -1,4 +1,4 @@
-"""A test that skips because the machine lacks openssl, promtool, etcd or Chromium says how to get
+"""A test that skips because the machine lacks openssl, promtool, etcd, Chromium or curl says how to get
 it: the Debian package, `apt-get install <package>`, and that `.ci/run` installs it. Checked by
 running the tests that need them with the tools hidden (QUEEN_TEST_HIDE_TOOLS), so a new check
 that bypasses tests/system_tools.py, or a message that names no package, fails here."""
@@ -25,6 +25,7 @@ NEEDING_TOOLS = (
     "tests/cluster/test_etcd_client.py",
     "tests/test_bench_cluster.py::test_cluster_bench_runs_against_the_leader_beside_single_queen",
     "tests/dashboard/test_dashboard_browser.py",
+    "tests/test_readme.py::test_every_block_runs_in_readme_order_against_one_server",
 )
 _SKIPPED = re.compile(r"^SKIPPED \[\d+\] (?P<where>\S+): (?P<reason>.+)$", re.M)
 
