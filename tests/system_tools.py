@@ -1,7 +1,7 @@
-"""The programs the test suite needs beyond PyPI and Python, and how to get them. A test that needs one asks
-here; without it, the test skips with one loud line naming what did not run, the Debian package,
-the command that installs it, and that `.ci/run` installs it (tests/conftest.py repeats each such
-line once at the end of the run).
+"""The programs the test suite needs beyond Python and PyPI, and how to get them. A test that
+needs one asks here; without it, the test skips with one loud line naming what did not run, the
+Debian package, the command that installs it, and that `.ci/run` installs it (tests/conftest.py
+repeats each such line once at the end of the run).
 
 QUEEN_TEST_HIDE_TOOLS=openssl,etcd (or `all`) makes tools look missing, so that the skips
 themselves are tested (tests/test_system_tools.py)."""

@@ -1,7 +1,7 @@
-"""A test that skips because the machine lacks openssl, promtool, etcd, Chromium or curl says how to get
-it: the Debian package, `apt-get install <package>`, and that `.ci/run` installs it. Checked by
-running the tests that need them with the tools hidden (QUEEN_TEST_HIDE_TOOLS), so a new check
-that bypasses tests/system_tools.py, or a message that names no package, fails here."""
+"""A test that skips because the machine lacks openssl, promtool, etcd, Chromium or curl says how
+to get it: the Debian package, `apt-get install <package>`, and that `.ci/run` installs it.
+Checked by running the tests that need them with the tools hidden (QUEEN_TEST_HIDE_TOOLS), so a
+new check that bypasses tests/system_tools.py, or a message that names no package, fails here."""
 
 from __future__ import annotations
 
