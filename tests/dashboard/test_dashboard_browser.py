@@ -20,8 +20,8 @@ import pytest
 
 from queen.auth import AuthFile
 from queen.testing import ServerProcess
+from tests import system_tools
 
-CHROMIUM = "/usr/bin/chromium"
 # Without the networking flags Chromium tries to reach Google's services and, on a closed network,
 # its own connections are refused.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -38,8 +38,7 @@ def _skip_loudly(why: str) -> None:
 @pytest.fixture
 def browser_page(tmp_path):
     """A fresh Chromium page (an empty profile), closed after the test."""
-    if not os.path.exists(CHROMIUM):
-        _skip_loudly(f"{CHROMIUM} (apt-get install chromium; .ci/run does it)")
+    chromium = system_tools.require("chromium", "the dashboard browser test")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -50,7 +49,7 @@ def browser_page(tmp_path):
     try:
         with sync_playwright() as playwright:
             context = playwright.chromium.launch_persistent_context(
-                profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+                profile, executable_path=chromium, headless=True, args=CHROMIUM_ARGS,
                 viewport={"width": 1280, "height": 800})
             try:
                 page = context.pages[0] if context.pages else context.new_page()
