@@ -634,6 +634,9 @@ function showLive() {
     text = `Server unreachable; ${since}. Trying again every ${REFRESH_MS / 1000} s.`;
   } else if (live.failure) {
     text = `Refresh failed (${describe(live.failure)}); ${since}.`;
+  } else if (!live.okAt) {
+    stale = false;
+    text = "Loading…";
   } else if (Date.now() - live.okAt > STALE_MS) {
     text = `Stale: no fresh data since ${clock(live.okAt)} (${relative(live.okAt)}).`;
   } else {

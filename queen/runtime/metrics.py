@@ -247,7 +247,7 @@ def _queue_metrics(metric, queues: list[QueueStatistics], timers: list[TimerStat
         return [(labels, n) for shard in queues for queue, n in sorted(counts_of(shard).items())
                 if (labels := queue_labels(queue)) is not None]
 
-    # Since the start, as the dashboard's push, pop and ack rates are.
+    # Since the start: the counters the dashboard's push, pop and ack rates come from.
     metric("queen_queue_pushed_total", "counter", "messages appended to a queue (timer fires included)",
            by_queue(lambda shard: shard.pushed_by_queue))
     metric("queen_queue_popped_total", "counter", "messages delivered by pops",
