@@ -25,6 +25,7 @@ NEEDING_TOOLS = (
     "tests/cluster/test_etcd_client.py",
     "tests/test_bench_cluster.py::test_cluster_bench_runs_against_the_leader_beside_single_queen",
     "tests/dashboard/test_dashboard_browser.py",
+    "tests/dashboard/test_dashboard_live.py",
     "tests/test_readme.py::test_every_block_runs_in_readme_order_against_one_server",
 )
 _SKIPPED = re.compile(r"^SKIPPED \[\d+\] (?P<where>\S+): (?P<reason>.+)$", re.M)

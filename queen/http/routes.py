@@ -8,7 +8,7 @@ The public Queen MQ client's spellings go through queen/http/queen_mq.py on the 
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, unquote, urlencode
 
 from queen import __version__
 from queen.auth import ADMIN, OPEN, READ, SERVER, WRITE, Authenticator, Forbidden, require
@@ -198,6 +198,8 @@ class Api:
         handler, level, request.route = entry
         if principal.level < level:
             raise Forbidden(principal, level)
+        if "tenant" in query:
+            query = self._read_as(request, level, query)
         cluster = self.cluster
         if cluster is not None and not cluster.serving and path not in ANSWERED_BY_ANY_NODE:
             return self._to_leader(request, cluster)
@@ -205,6 +207,34 @@ class Api:
         if type(document) is Response:  # /metrics: text, not a document
             return document
         return self._reply(request, document)
+
+    def _read_as(self, request: Request, level: int, query: str) -> str:
+        """The operator's read as one tenant (`?tenant=NAME`, the dashboard's tenant selector): for
+        this request the caller is that tenant's reader, and the query goes on to the handler
+        without the parameter. A tenancy boundary: anyone but the operator naming a tenant is
+        refused, and so is a call that could write (a route a reader may not call, or not a GET)."""
+        params = parse_qs(query, keep_blank_values=True)
+        named = params.pop("tenant", None)
+        if named is None:
+            return query
+        principal = request.principal
+        if not principal.operator:
+            raise QueenError("tenant_forbidden", "only the server's operator (an admin token of tenant *) may read as "
+                             "a tenant (?tenant=); a tenant's own token reads its own data without it",
+                             {"tenant": named[-1]}, http_status=403)
+        if request.method != b"GET" or level != READ:
+            raise QueenError("tenant_read_only", "?tenant= is taken on reads only (GET routes a reader may call); "
+                             "write as the tenant with one of its own tokens", {"tenant": named[-1]},
+                             http_status=403)
+        tenant = named[-1]
+        problem = tenants.name_problem(tenant)
+        if problem or tenant == tenants.EVERY or len(set(named)) > 1:
+            raise BadRequest("invalid_tenant", problem or "name one tenant, not '*' or several", {"tenant": tenant})
+        if tenant not in self._known_tenants():
+            raise NotFound("tenant_not_found", f"no tenant {tenant!r}: no token or setting in the auth file names it "
+                           "and it holds nothing", {"tenant": tenant})
+        request.principal = principal.reading_as(tenant)
+        return urlencode(params, doseq=True)
 
     def _reply(self, request: Request, document, status: int = 200) -> Response:
         body, content_type = encode_body(document, request.accept.startswith(b"application/cbor"))
@@ -614,8 +644,8 @@ class Api:
     async def _cluster_status(self, request: Request, parts, query):
         check_params(_query(query), frozenset())
         if self.cluster is None:
-            return {"cluster": None, "node": None, "role": "single", "epoch": 0, "leader": None, "sync": [],
-                    "degraded": False, "lastVersion": self.router.writer.durable_version, "followers": []}
+            return {"cluster": None, "node": None, "role": "single", "epoch": 0, "serving": True, "leader": None,
+                    "sync": [], "degraded": False, "lastVersion": self.router.writer.durable_version, "followers": []}
         return self.cluster.status()
 
     def _cluster_call(self, request: Request, fields: frozenset, needs: str | None) -> dict:
@@ -687,8 +717,8 @@ class Api:
         check_params(_query(query), frozenset())
         principal = request.principal
         tenant = tenants.DEFAULT if principal.tenant == tenants.EVERY else principal.tenant
-        return {"token": principal.name, "role": principal.role, "tokenTenant": principal.tenant,
-                **self._tenant_view(tenant)}
+        return {"token": principal.name, "role": principal.role,
+                "tokenTenant": tenants.EVERY if principal.read_as else principal.tenant, **self._tenant_view(tenant)}
 
     async def _tenants(self, request: Request, parts, query):
         """The operator's view: every tenant the auth file or the data knows."""

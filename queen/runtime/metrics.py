@@ -242,6 +242,18 @@ def _queue_metrics(metric, queues: list[QueueStatistics], timers: list[TimerStat
     metric("queen_dlq_moves_total", "counter", "messages moved to a DLQ, by queue",
            [(labels, n) for shard in queues for queue, n in sorted(shard.dlq_moves.items())
             if (labels := queue_labels(queue)) is not None])
+
+    def by_queue(counts_of) -> list:
+        return [(labels, n) for shard in queues for queue, n in sorted(counts_of(shard).items())
+                if (labels := queue_labels(queue)) is not None]
+
+    # Since the start: the counters the dashboard's push, pop and ack rates come from.
+    metric("queen_queue_pushed_total", "counter", "messages appended to a queue (timer fires included)",
+           by_queue(lambda shard: shard.pushed_by_queue))
+    metric("queen_queue_popped_total", "counter", "messages delivered by pops",
+           by_queue(lambda shard: shard.popped_by_queue))
+    metric("queen_queue_acked_total", "counter", "messages completed: acked, or auto-acked as they were delivered",
+           by_queue(lambda shard: shard.acked_by_queue))
     metric("queen_queue_timers_pending", "gauge", "timers scheduled into a queue and not yet fired or cancelled",
            [(labels, n) for shard in timers for queue, n in sorted(shard.pending_by_queue)
             if (labels := queue_labels(queue)) is not None])

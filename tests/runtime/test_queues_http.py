@@ -216,8 +216,15 @@ async def test_queue_metrics(tmp_path, autojump_clock):
         for line in ('queen_queue_messages{queue="orders"} 2', 'queen_queue_pending{queue="orders",group="__QUEUE_MODE__"} 2',
                      'queen_queue_in_flight{queue="orders",group="__QUEUE_MODE__"} 0', 'queen_push_total{result="queued"} 2',
                      'queen_push_total{result="duplicate"} 1',
-                     'queen_redeliveries_total{queue="orders",cause="failed"} 1'):
+                     'queen_redeliveries_total{queue="orders",cause="failed"} 1',
+                     # per queue, what the dashboard's rates come from: the duplicate appended nothing
+                     'queen_queue_pushed_total{queue="orders"} 2', 'queen_queue_popped_total{queue="orders"} 1'):
             assert line in text, line
+        again = await pop(c)
+        await ack(c, again["messages"][0])
+        _, text = await c.request("GET", "/metrics")
+        assert 'queen_queue_popped_total{queue="orders"} 2' in text.decode()
+        assert 'queen_queue_acked_total{queue="orders"} 1' in text.decode()
 
 
 async def test_metrics_an_on_call_person_alerts_on_and_the_dlq_and_expiry_log_lines(tmp_path, autojump_clock, caplog):
