@@ -32,7 +32,8 @@ async function api(method, path, body) {
     document = null;
   }
   if (!response.ok) {
-    const message = document && document.error ? document.error.message : response.statusText;
+    // A refusal is {"error": "<message>", "code", "details", "detail"}.
+    const message = document && typeof document.error === "string" ? document.error : response.statusText;
     throw new ApiError(response.status, message);
   }
   return document;

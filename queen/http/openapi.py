@@ -133,16 +133,12 @@ def _schemas(limits: Limits) -> dict:
                        usage={"type": ["object", "null"]}, limits={"type": "object"},
                        paused=_obj(("kv", "queues"), kv=_BOOL, queues=_BOOL), pausedBy={"type": "object"})
     return {
-        "Error": {
-            "type": "object", "required": ["error"],
-            "description": "Every refusal. `code` and `detail` repeat the code and message at the top "
-                           "level, where the public Queen MQ client reads them.",
-            "properties": {
-                "error": _obj(("code", "message"), code={"type": "string", "pattern": "^[a-z0-9_]+$"},
-                              message=_STR, details={"type": "object"}),
-                "code": _STR, "detail": _STR,
-            },
-        },
+        "Error": {"description": "Every refusal, on every route.", **_obj(
+            ("error", "code", "details", "detail"),
+            error={"type": "string", "description": "what went wrong, in words a person reads"},
+            code={"type": "string", "pattern": "^[a-z0-9_]+$", "description": "snake_case, for programs"},
+            details={"type": "object", "description": "what the refusal is about (a field, a limit)"},
+            detail={"type": "string", "description": "the message again, where the public Queen MQ client reads it"})},
         "Health": _obj(("status",), closed=False, status={"enum": ["ok", "failed", "shutting_down"]},
                        reason=_STR),
         "KvOperation": {"oneOf": list(kv_ops.values())},
@@ -534,8 +530,8 @@ def build_document(version: str, limits: Limits | None = None) -> dict:
             "title": "Queen",
             "version": version,
             "description": "A single-process coordination broker: durable KV, leased locks with fencing "
-                           "tokens, timers and queues. Errors answer {\"error\": {\"code\", \"message\", "
-                           "\"details\"}}. Without an auth file every caller is the operator.",
+                           "tokens, timers and queues. Every refusal answers {\"error\": \"<message>\", \"code\", \"details\", "
+                           "\"detail\"}. Without an auth file every caller is the operator.",
         },
         "paths": paths,
         "components": {
