@@ -58,6 +58,11 @@ is accepted (_ConnectionIo), so a plain connection runs the very code it ran bef
 - reload_tls() (SIGHUP) builds a new context from the same files; connections accepted afterwards
   use it, open ones keep theirs.
 
+Request ids: every answer carries X-Request-Id, the client's own when it is well formed
+(queen/http/wire.py, request_id_of), else one made here: a random prefix per process and a
+counter. The log lines about a request (a handler's traceback, an audit line) carry it as
+request_id, so a client's report of a failed call finds its line.
+
 Requests are parsed by queen/http/wire.py (no sockets there): the plain shape by its fast parser,
 everything else through h11. Without h11 knowing about the response its state machine cannot
 start a next cycle, so a request h11 reads gets a fresh h11.Connection, seeded with whatever the
@@ -67,7 +72,9 @@ client already sent.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
+import os
 import resource
 import socket
 import ssl
@@ -97,6 +104,7 @@ from queen.http.wire import (
     encode_response,
     error_response,
     parse_simple_request,
+    request_id_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -255,6 +263,14 @@ class HttpServer:
         self._refusing = 0
         self._sockets = 0  # accepted and not yet closed: served, refused or being closed
         self._socket_closed = trio.lowlevel.ParkingLot()
+        # Request ids this server makes (a client's own well-formed X-Request-Id is kept instead):
+        # a random prefix per process, so ids from two runs or two nodes do not collide, and a
+        # counter, which costs far less per request than a uuid4.
+        self._request_id_prefix = os.urandom(6).hex().encode()
+        self._request_ids = itertools.count(1)
+
+    def new_request_id(self) -> bytes:
+        return b"%s-%d" % (self._request_id_prefix, next(self._request_ids))
 
     async def wait_no_requests(self) -> None:
         while self.requests_in_flight:
@@ -380,10 +396,11 @@ class HttpServer:
             response = error_response(QueenError(
                 "too_many_connections", f"the server is at its limit of {self.connections_allowed} connections "
                 "and none is idle; try again shortly", http_status=503))
+            request_id = self.new_request_id()
             with trio.move_on_after(LINGER_S):
                 if io.tls is not None:
                     await io.tls.do_handshake()
-                await io.send_all(encode_response(response, keep_alive=False))
+                await io.send_all(encode_response(response, keep_alive=False, request_id=request_id))
                 await _linger(sock)
         except _CLIENT_GONE:
             pass
@@ -452,6 +469,7 @@ class HttpServer:
         receive, send_all, wait_gone = io.receive, io.send_all, io.wait_gone
         idle = self._idle
         answer_now = partial(self._until_room_needed, connection)  # one for the connection's requests
+        new_request_id = self.new_request_id
         pending = b""
         while True:
             if not pending:
@@ -490,6 +508,7 @@ class HttpServer:
                     return
             connection.phase = HANDLING
             connection.deadline = _NEVER
+            request.request_id = request_id = request_id_of(request.request_id, new_request_id)
             request.wait_gone = partial(wait_gone, buffer)
             request.answer_now = answer_now
             self.requests_in_flight += 1
@@ -514,22 +533,23 @@ class HttpServer:
             connection.phase = WRITING
             connection.deadline = trio.current_time() + config.send_timeout_s
             if len(response.body) <= SEND_PIECE_BYTES:
-                await send_all(encode_response(response, keep_alive))
+                await send_all(encode_response(response, keep_alive, request_id))
             else:
-                await self._send_in_pieces(connection, response, keep_alive)
+                await self._send_in_pieces(connection, response, keep_alive, request_id)
             if not keep_alive:
                 return
             pending, closed = buffer.trailing_data
             if closed and not pending:
                 return
 
-    async def _send_in_pieces(self, connection: _Connection, response: Response, keep_alive: bool) -> None:
+    async def _send_in_pieces(self, connection: _Connection, response: Response, keep_alive: bool,
+                              request_id: bytes) -> None:
         """A long answer (a backup) goes out a piece at a time, each piece within send_timeout_s, so
         a client that keeps reading is not cut off because the whole takes longer than that. Its
         length is known (the body is whole in memory; queen/runtime/backup.py says why that is
         the simplest correct choice), so it is framed by Content-Length, not chunked."""
         send_all = connection.io.send_all
-        await send_all(encode_head(response, keep_alive))
+        await send_all(encode_head(response, keep_alive, request_id))
         body = memoryview(response.body)
         for start in range(0, len(body), SEND_PIECE_BYTES):
             connection.deadline = trio.current_time() + self.config.send_timeout_s
@@ -553,12 +573,14 @@ class HttpServer:
             try:
                 return error_response(error, wants_cbor)
             except Exception:
-                logger.exception("event=error_answer_failed code=%s", error.code)
+                logger.exception("event=error_answer_failed code=%s request_id=%s", error.code,
+                                 request.request_id.decode())
                 return Response(500, INTERNAL_BODY, b"application/json")
         except Exception:
             # Logged with its traceback and answered, not hidden: a bug in one route must not
             # drop every other client's connection.
-            logger.exception("event=handler_failed method=%r target=%r", request.method[:16], request.target[:200])
+            logger.exception("event=handler_failed method=%r target=%r request_id=%s", request.method[:16],
+                             request.target[:200], request.request_id.decode())
             return error_response(INTERNAL, wants_cbor)
 
     async def _read_request(self, conn: h11.Connection, io: _ConnectionIo, pending: bytes) -> Request | None:
@@ -597,7 +619,7 @@ class HttpServer:
             elif kind is h11.EndOfMessage:
                 body = body_parts[0] if len(body_parts) == 1 else b"".join(body_parts)
                 return Request(head.method, head.target, head.content_type, head.accept, bytes(body), head.keep_alive,
-                               head.authorization)
+                               head.authorization, head.request_id)
             elif kind is h11.ConnectionClosed:
                 return None
 
@@ -608,8 +630,11 @@ class HttpServer:
         connection.phase = WRITING
         error.http_status = status
         send_all = partial(_send_all, connection.sock) if plain else connection.io.send_all
+        # The request was never read whole: no id of the client's to keep.
+        request_id = self.new_request_id()
+        response = error_response(error)
         with trio.move_on_after(LINGER_S):
-            await send_all(encode_response(error_response(error), keep_alive=False))
+            await send_all(encode_response(response, keep_alive=False, request_id=request_id))
             if status != 408:  # a stalled client is not sending anything worth waiting for
                 await _linger(connection.sock)
 

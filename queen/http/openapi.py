@@ -505,6 +505,7 @@ def _operation_object(op: Operation) -> dict:
     else:
         ok = {"description": "OK (CBOR when the request's Accept starts application/cbor)",
               "content": _json_content(_ref(op.answer))}
+    ok["headers"] = _REQUEST_ID_HEADER
     statuses = set(_COMMON) | set(op.statuses)
     if op.role != "none":
         statuses.add(401)
@@ -516,6 +517,9 @@ def _operation_object(op: Operation) -> dict:
         responses[str(status)] = {"$ref": f"#/components/responses/Error{status}"}
     document["responses"] = responses
     return document
+
+
+_REQUEST_ID_HEADER = {"X-Request-Id": {"$ref": "#/components/headers/RequestId"}}
 
 
 def build_document(version: str, limits: Limits | None = None) -> dict:
@@ -531,13 +535,19 @@ def build_document(version: str, limits: Limits | None = None) -> dict:
             "version": version,
             "description": "A single-process coordination broker: durable KV, leased locks with fencing "
                            "tokens, timers and queues. Every refusal answers {\"error\": \"<message>\", \"code\", \"details\", "
-                           "\"detail\"}. Without an auth file every caller is the operator.",
+                           "\"detail\"}; every answer carries X-Request-Id. Without an auth file every caller is the operator.",
         },
         "paths": paths,
         "components": {
             "schemas": _schemas(limits),
-            "responses": {f"Error{status}": {"description": reason, "content": _json_content(_ref("Error"))}
+            "responses": {f"Error{status}": {"description": reason, "content": _json_content(_ref("Error")),
+                                             "headers": _REQUEST_ID_HEADER}
                           for status, reason in _REASONS.items()},
+            "headers": {"RequestId": {
+                "description": "on every answer: the request's own X-Request-Id when it sent one of 1 to 128 "
+                               "characters of A-Z a-z 0-9 . _ : -, else one the server made; log lines about the "
+                               "request carry it as request_id",
+                "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"}}},
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer",
                                                "description": "queen_<id>_<secret>, from `queen auth add`"}},
         },
