@@ -48,7 +48,8 @@ def test_every_line_of_a_real_server_parses(tmp_path, kind):
     secret = auth_file.add("ops", "admin", "*")
     auth_file.save()
     headers = {"authorization": f"Bearer {secret}"}
-    with ServerProcess(str(tmp_path / "data"), "--auth-file", path, "--log-format", kind, "--log-level", "debug") as server:
+    with ServerProcess(str(tmp_path / "data"), "--auth-file", path, "--log-format", kind, "--log-level", "debug",
+                       "--access-log") as server:
         assert server.request("PUT", "/api/v1/kv/app/k", {"value": "two words", "forever": True}, headers)[0] == 200
         assert server.request("DELETE", "/api/v1/resources/queues/q%20x", None, headers)[0] in (200, 400, 404)
         assert server.request("POST", "/api/v1/pause", {"kv": True}, headers)[0] == 200
@@ -65,8 +66,9 @@ def test_every_line_of_a_real_server_parses(tmp_path, kind):
     parse = json.loads if kind == "json" else parse_logfmt
     parsed = [parse(line) for line in lines]
     events = {fields.get("event") for fields in parsed}
-    assert {"recovered", "listening", "audit", "reload_failed", "shutdown_complete"} <= events
+    assert {"recovered", "listening", "audit", "access", "reload_failed", "shutdown_complete"} <= events
     [failed] = [fields for fields in parsed if fields.get("event") == "reload_failed"]
     assert failed["level"] == "error" and "auth file" in failed["detail"]
     assert all(fields["ts"].endswith("Z") for fields in parsed)
     assert os.path.getsize(server.stderr_path) > 0
+

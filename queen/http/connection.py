@@ -61,7 +61,9 @@ is accepted (_ConnectionIo), so a plain connection runs the very code it ran bef
 Request ids: every answer carries X-Request-Id, the client's own when it is well formed
 (queen/http/wire.py, request_id_of), else one made here: a random prefix per process and a
 counter. The log lines about a request (a handler's traceback, an audit line) carry it as
-request_id, so a client's report of a failed call finds its line.
+request_id, so a client's report of a failed call finds its line. With config.access_log, each
+answer written (refusals of this layer included) is one line of the `queen.access` logger; off,
+it costs one flag check per request.
 
 Requests are parsed by queen/http/wire.py (no sockets there): the plain shape by its fast parser,
 everything else through h11. Without h11 knowing about the response its state machine cannot
@@ -108,6 +110,8 @@ from queen.http.wire import (
 )
 
 logger = logging.getLogger(__name__)
+# One line per answered request when config.access_log is on (off: never called, one flag check).
+access_logger = logging.getLogger("queen.access")
 
 RECEIVE_BYTES = 65536
 # An answer longer than this is sent in pieces of this size, the send deadline renewed for each.
@@ -206,11 +210,12 @@ def _tls_io(sock: socket.socket, context: ssl.SSLContext) -> _ConnectionIo:
 class _Connection:
     """One accepted connection, as the reaper and the idle list see it."""
 
-    __slots__ = ("sock", "io", "scope", "phase", "deadline", "evicted")
+    __slots__ = ("sock", "io", "scope", "phase", "deadline", "evicted", "peer")
 
-    def __init__(self, sock: socket.socket, io: _ConnectionIo):
+    def __init__(self, sock: socket.socket, io: _ConnectionIo, peer):
         self.sock = sock
         self.io = io
+        self.peer = peer  # the client's address as accept() gave it, for the access log
         self.scope = trio.CancelScope()
         self.phase = IDLE
         self.deadline = _NEVER
@@ -318,7 +323,7 @@ class HttpServer:
                 continue
             await trio.lowlevel.wait_readable(listener)
             try:
-                sock, _ = listener.accept()
+                sock, peer = listener.accept()
             except BlockingIOError:
                 continue
             except OSError as error:
@@ -333,10 +338,10 @@ class HttpServer:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.connections >= self.connections_allowed and not (
                     self._close_longest_idle() or self._end_longest_park()):
-                self._refuse(sock, connections)
+                self._refuse(sock, peer, connections)
                 continue
             self.connections += 1
-            connections.start_soon(self._serve_connection, sock)
+            connections.start_soon(self._serve_connection, sock, peer)
 
 
     def statistics(self) -> HttpStatistics:
@@ -382,15 +387,15 @@ class HttpServer:
         self._sockets -= 1
         self._socket_closed.unpark_all()
 
-    def _refuse(self, sock: socket.socket, connections: trio.Nursery) -> None:
+    def _refuse(self, sock: socket.socket, peer, connections: trio.Nursery) -> None:
         self.connections_refused += 1
         if self._refusing >= REFUSING_MAX:
             self._closed(sock)  # a flood: no descriptor is spent on answering it
             return
         self._refusing += 1
-        connections.start_soon(self._answer_refused, sock)
+        connections.start_soon(self._answer_refused, sock, peer)
 
-    async def _answer_refused(self, sock: socket.socket) -> None:
+    async def _answer_refused(self, sock: socket.socket, peer) -> None:
         try:
             io = self._connection_io(sock)
             response = error_response(QueenError(
@@ -401,6 +406,8 @@ class HttpServer:
                 if io.tls is not None:
                     await io.tls.do_handshake()
                 await io.send_all(encode_response(response, keep_alive=False, request_id=request_id))
+                if self.config.access_log:
+                    _log_access(None, "-", response, 0.0, request_id, peer)
                 await _linger(sock)
         except _CLIENT_GONE:
             pass
@@ -423,8 +430,8 @@ class HttpServer:
 
     # -- one connection ------------------------------------------------------------------------------
 
-    async def _serve_connection(self, sock: socket.socket) -> None:
-        connection = _Connection(sock, self._connection_io(sock))
+    async def _serve_connection(self, sock: socket.socket, peer) -> None:
+        connection = _Connection(sock, self._connection_io(sock), peer)
         self._open.add(connection)
         try:
             with connection.scope:
@@ -470,6 +477,7 @@ class HttpServer:
         idle = self._idle
         answer_now = partial(self._until_room_needed, connection)  # one for the connection's requests
         new_request_id = self.new_request_id
+        access_log = config.access_log
         pending = b""
         while True:
             if not pending:
@@ -536,6 +544,9 @@ class HttpServer:
                 await send_all(encode_response(response, keep_alive, request_id))
             else:
                 await self._send_in_pieces(connection, response, keep_alive, request_id)
+            if access_log:
+                _log_access(request, series.route if request.route is not None else _path_of(request.target),
+                            response, time.perf_counter() - started, request_id, connection.peer)
             if not keep_alive:
                 return
             pending, closed = buffer.trailing_data
@@ -635,8 +646,34 @@ class HttpServer:
         response = error_response(error)
         with trio.move_on_after(LINGER_S):
             await send_all(encode_response(response, keep_alive=False, request_id=request_id))
+            if self.config.access_log:
+                _log_access(None, "-", response, 0.0, request_id, connection.peer)
             if status != 408:  # a stalled client is not sending anything worth waiting for
                 await _linger(connection.sock)
+
+
+def _log_access(request: Request | None, route: str, response: Response, seconds: float, request_id: bytes,
+                peer) -> None:
+    """The access log's line for one answer. request None: refused before a request was read
+    whole (malformed, too large, too slow, no room), so no method, route or caller is known."""
+    principal = request.principal if request is not None else None
+    access_logger.info(
+        "event=access method=%s route=%s status=%d duration_ms=%.3f bytes=%d request_id=%s token=%s tenant=%s "
+        "remote=%s", request.method.decode("latin-1") if request is not None else "-", route, response.status,
+        seconds * 1000, len(response.body), request_id.decode(), principal.name if principal is not None else "-",
+        principal.tenant if principal is not None else "-", _address(peer))
+
+
+def _path_of(target: bytes) -> str:
+    """A request target without its query (which may hold names and cursors), cut to a bound."""
+    return target.partition(b"?")[0][:200].decode("latin-1")
+
+
+def _address(peer) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = peer[0]
+        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+    return str(peer) if peer else "-"
 
 
 async def _receive(sock: socket.socket) -> bytes:
