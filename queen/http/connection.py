@@ -270,12 +270,12 @@ class HttpServer:
         self._socket_closed = trio.lowlevel.ParkingLot()
         # Request ids this server makes (a client's own well-formed X-Request-Id is kept instead):
         # a random prefix per process, so ids from two runs or two nodes do not collide, and a
-        # counter, which costs far less per request than a uuid4.
-        self._request_id_prefix = os.urandom(6).hex().encode()
-        self._request_ids = itertools.count(1)
+        # counter. An iterator run in C: about 0.2 us an id, where a uuid4 costs several times that.
+        template = os.urandom(6).hex().encode() + b"-%d"
+        self.new_request_ids = map(template.__mod__, itertools.count(1))
 
     def new_request_id(self) -> bytes:
-        return b"%s-%d" % (self._request_id_prefix, next(self._request_ids))
+        return next(self.new_request_ids)
 
     async def wait_no_requests(self) -> None:
         while self.requests_in_flight:
@@ -476,7 +476,7 @@ class HttpServer:
         receive, send_all, wait_gone = io.receive, io.send_all, io.wait_gone
         idle = self._idle
         answer_now = partial(self._until_room_needed, connection)  # one for the connection's requests
-        new_request_id = self.new_request_id
+        new_request_ids = self.new_request_ids
         access_log = config.access_log
         pending = b""
         while True:
@@ -516,7 +516,7 @@ class HttpServer:
                     return
             connection.phase = HANDLING
             connection.deadline = _NEVER
-            request.request_id = request_id = request_id_of(request.request_id, new_request_id)
+            request.request_id = request_id = request_id_of(request.request_id, new_request_ids)
             request.wait_gone = partial(wait_gone, buffer)
             request.answer_now = answer_now
             self.requests_in_flight += 1

@@ -20,7 +20,7 @@ announced larger than the body limit.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from http import HTTPStatus
 
 import h11
@@ -92,12 +92,12 @@ REQUEST_ID_BYTES_MAX = 128
 _CLIENT_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,%d}" % REQUEST_ID_BYTES_MAX)
 
 
-def request_id_of(sent: bytes, make_id: Callable[[], bytes]) -> bytes:
+def request_id_of(sent: bytes, new_ids: Iterator[bytes]) -> bytes:
     """The id a request's answer and log lines carry: the client's X-Request-Id if it is well
-    formed, else make_id()'s."""
+    formed, else the next of new_ids (the connection layer's)."""
     if sent and _CLIENT_REQUEST_ID.fullmatch(sent) is not None:
         return sent
-    return make_id()
+    return next(new_ids)
 
 
 def error_response(error: QueenError, wants_cbor: bool = False) -> Response:
