@@ -272,10 +272,7 @@ class HttpServer:
         # a random prefix per process, so ids from two runs or two nodes do not collide, and a
         # counter. An iterator run in C: about 0.2 us an id, where a uuid4 costs several times that.
         template = os.urandom(6).hex().encode() + b"-%d"
-        self.new_request_ids = map(template.__mod__, itertools.count(1))
-
-    def new_request_id(self) -> bytes:
-        return next(self.new_request_ids)
+        self._new_request_ids = map(template.__mod__, itertools.count(1))
 
     async def wait_no_requests(self) -> None:
         while self.requests_in_flight:
@@ -401,7 +398,7 @@ class HttpServer:
             response = error_response(QueenError(
                 "too_many_connections", f"the server is at its limit of {self.connections_allowed} connections "
                 "and none is idle; try again shortly", http_status=503))
-            request_id = self.new_request_id()
+            request_id = next(self._new_request_ids)
             with trio.move_on_after(LINGER_S):
                 if io.tls is not None:
                     await io.tls.do_handshake()
@@ -476,7 +473,7 @@ class HttpServer:
         receive, send_all, wait_gone = io.receive, io.send_all, io.wait_gone
         idle = self._idle
         answer_now = partial(self._until_room_needed, connection)  # one for the connection's requests
-        new_request_ids = self.new_request_ids
+        new_request_ids = self._new_request_ids
         access_log = config.access_log
         pending = b""
         while True:
@@ -642,7 +639,7 @@ class HttpServer:
         error.http_status = status
         send_all = partial(_send_all, connection.sock) if plain else connection.io.send_all
         # The request was never read whole: no id of the client's to keep.
-        request_id = self.new_request_id()
+        request_id = next(self._new_request_ids)
         response = error_response(error)
         with trio.move_on_after(LINGER_S):
             await send_all(encode_response(response, keep_alive=False, request_id=request_id))

@@ -534,8 +534,9 @@ def build_document(version: str, limits: Limits | None = None) -> dict:
             "title": "Queen",
             "version": version,
             "description": "A single-process coordination broker: durable KV, leased locks with fencing "
-                           "tokens, timers and queues. Every refusal answers {\"error\": \"<message>\", \"code\", \"details\", "
-                           "\"detail\"}; every answer carries X-Request-Id. Without an auth file every caller is the operator.",
+                           "tokens, timers and queues. Every refusal answers {\"error\": \"<message>\", "
+                           "\"code\", \"details\", \"detail\"}; every answer carries X-Request-Id. Without an "
+                           "auth file every caller is the operator.",
         },
         "paths": paths,
         "components": {
