@@ -48,6 +48,9 @@ class Config:
     shutdown_grace_s: float = _opt(10.0, "on SIGTERM/SIGINT, time allowed for in-flight requests before connections are cut", "SECONDS")
     log_level: str = _opt("info", "diagnostic log level on stderr: debug, info, warning, error", "LEVEL")
     log_format: str = _opt("logfmt", "log lines on stderr as logfmt or json, one per event, UTC timestamps", "FORMAT")
+    access_log: bool = _opt(False, "one line per answered request on stderr, with the other logs (logger queen.access, "
+                            "whatever --log-level says): method, route, status, duration_ms, bytes, request_id, "
+                            "token, tenant, remote; off by default, as it is a line per call")
     auth_file: str = _opt("", "tokens, roles, tenants and their quotas (JSON; `queen auth add` writes it); re-read on "
                           "SIGHUP. Without it every caller may do everything, so the server only binds loopback "
                           "addresses unless --insecure is given", "FILE")

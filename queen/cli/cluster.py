@@ -84,8 +84,15 @@ def call(args, url: str, method: str, path: str, body: dict | None = None, redir
     try:
         document = json.loads(raw) if raw else {}
     except ValueError:
-        document = {"error": {"code": "not_json", "message": raw[:200].decode(errors="replace")}}
+        document = {"code": "not_json", "detail": raw[:200].decode(errors="replace")}
     return answer.status, document
+
+
+def refusal(document, status: int) -> tuple[str, str]:
+    """A refusal's code and message: the envelope's `code` and `detail` (older nodes send them too)."""
+    if not isinstance(document, dict):
+        return str(status), ""
+    return str(document.get("code", status)), str(document.get("detail", ""))
 
 
 def _exit_for(status: int) -> int:
@@ -108,7 +115,7 @@ def _first_answer(args, method: str, path: str, body: dict | None):
             failures.append(f"{url}: {error}")
             continue
         if status == 503:
-            failures.append(f"{url}: {document.get('error', {}).get('code', 503)}")
+            failures.append(f"{url}: {refusal(document, status)[0]}")
             continue
         return status, document
     print("queen: no node answered: " + "; ".join(failures), file=sys.stderr)
@@ -117,8 +124,8 @@ def _first_answer(args, method: str, path: str, body: dict | None):
 
 def _report(args, status: int, document: dict) -> int:
     if status != 200:
-        error = document.get("error", {})
-        print(f"queen: {error.get('code', status)}: {error.get('message', '')}", file=sys.stderr)
+        code, message = refusal(document, status)
+        print(f"queen: {code}: {message}", file=sys.stderr)
         return _exit_for(status)
     print(json.dumps(document, indent=None if args.json else 2, sort_keys=True))
     return EXIT_OK
@@ -134,7 +141,7 @@ def run_status(args) -> int:
             rows.append({"url": url, "error": str(error)})
             continue
         if status != 200:
-            rows.append({"url": url, "error": document.get("error", {}).get("code", str(status))})
+            rows.append({"url": url, "error": refusal(document, status)[0]})
             continue
         answered += 1
         rows.append({"url": url, **document})

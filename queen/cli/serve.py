@@ -90,10 +90,13 @@ def _flag(raw: str) -> bool:
     raise ValueError(raw)
 
 
-def setup_logging(level: str, kind: str = "logfmt") -> None:
+def setup_logging(level: str, kind: str = "logfmt", access_log: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(LineFormatter(kind))
     logging.basicConfig(level=level.upper(), handlers=[handler])
+    if access_log:
+        # Asked for by its own flag: shown even when --log-level hides the other info lines.
+        logging.getLogger("queen.access").setLevel(logging.INFO)
 
 
 def serve_broker(config: Config) -> int:
@@ -102,7 +105,7 @@ def serve_broker(config: Config) -> int:
         for problem in problems:
             print(f"queen: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    setup_logging(config.log_level, config.log_format)
+    setup_logging(config.log_level, config.log_format, config.access_log)
     try:
         import trio
 

@@ -55,12 +55,9 @@ async function api(method, path, body) {
   }
 }
 
-// The refusal's sentence: `detail` at the top level, or the message inside `error`.
+// A refusal is {"error": "<message>", "code", "details", "detail"}: its sentence.
 function errorMessage(document) {
-  if (!document) return "";
-  if (typeof document.detail === "string") return document.detail;
-  if (typeof document.error === "string") return document.error;
-  return document.error && document.error.message ? document.error.message : "";
+  return document && typeof document.error === "string" ? document.error : "";
 }
 
 // The tenant the operator reads as ("" for its own names, the default tenant's).

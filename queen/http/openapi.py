@@ -140,16 +140,12 @@ def _schemas(limits: Limits) -> dict:
     queue_totals["description"] = ("the queue's messages since this server started (a restart or a new leader counts "
                                    "from 0): counters, whose rates are its throughput")
     return {
-        "Error": {
-            "type": "object", "required": ["error"],
-            "description": "Every refusal. `code` and `detail` repeat the code and message at the top "
-                           "level, where the public Queen MQ client reads them.",
-            "properties": {
-                "error": _obj(("code", "message"), code={"type": "string", "pattern": "^[a-z0-9_]+$"},
-                              message=_STR, details={"type": "object"}),
-                "code": _STR, "detail": _STR,
-            },
-        },
+        "Error": {"description": "Every refusal, on every route.", **_obj(
+            ("error", "code", "details", "detail"),
+            error={"type": "string", "description": "what went wrong, in words a person reads"},
+            code={"type": "string", "pattern": "^[a-z0-9_]+$", "description": "snake_case, for programs"},
+            details={"type": "object", "description": "what the refusal is about (a field, a limit)"},
+            detail={"type": "string", "description": "the message again, where the public Queen MQ client reads it"})},
         "Health": _obj(("status",), closed=False, status={"enum": ["ok", "failed", "shutting_down"]},
                        reason=_STR),
         "KvOperation": {"oneOf": list(kv_ops.values())},
@@ -539,6 +535,7 @@ def _operation_object(op: Operation) -> dict:
     else:
         ok = {"description": "OK (CBOR when the request's Accept starts application/cbor)",
               "content": _json_content(_ref(op.answer))}
+    ok["headers"] = _REQUEST_ID_HEADER
     statuses = set(_COMMON) | set(op.statuses)
     if _reads_as_tenant(op):
         statuses |= {403, 404}
@@ -554,6 +551,9 @@ def _operation_object(op: Operation) -> dict:
     return document
 
 
+_REQUEST_ID_HEADER = {"X-Request-Id": {"$ref": "#/components/headers/RequestId"}}
+
+
 def build_document(version: str, limits: Limits | None = None) -> dict:
     """The whole document. Static for a running server: built once at its start."""
     limits = limits if limits is not None else Limits()
@@ -566,14 +566,21 @@ def build_document(version: str, limits: Limits | None = None) -> dict:
             "title": "Queen",
             "version": version,
             "description": "A single-process coordination broker: durable KV, leased locks with fencing "
-                           "tokens, timers and queues. Errors answer {\"error\": {\"code\", \"message\", "
-                           "\"details\"}}. Without an auth file every caller is the operator.",
+                           "tokens, timers and queues. Every refusal answers {\"error\": \"<message>\", "
+                           "\"code\", \"details\", \"detail\"}; every answer carries X-Request-Id. Without an "
+                           "auth file every caller is the operator.",
         },
         "paths": paths,
         "components": {
             "schemas": _schemas(limits),
-            "responses": {f"Error{status}": {"description": reason, "content": _json_content(_ref("Error"))}
+            "responses": {f"Error{status}": {"description": reason, "content": _json_content(_ref("Error")),
+                                             "headers": _REQUEST_ID_HEADER}
                           for status, reason in _REASONS.items()},
+            "headers": {"RequestId": {
+                "description": "on every answer: the request's own X-Request-Id when it sent one of 1 to 128 "
+                               "characters of A-Z a-z 0-9 . _ : -, else one the server made; log lines about the "
+                               "request carry it as request_id",
+                "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"}}},
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer",
                                                "description": "queen_<id>_<secret>, from `queen auth add`"}},
         },

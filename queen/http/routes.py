@@ -328,7 +328,7 @@ class Api:
             for op, result in zip(ops, results, strict=True):
                 if op.op == "release" and op.owner is None and result.get("released"):
                     # By token alone, not as its owner: a stuck permit an admin freed by hand.
-                    audit(principal, "lock_force_release", lock=op.name, slot=op.slot, lock_token=op.token)
+                    audit(request, "lock_force_release", lock=op.name, slot=op.slot, lock_token=op.token)
         return {"results": results}
 
     async def _list_locks(self, request: Request, parts, query: str):
@@ -519,7 +519,7 @@ class Api:
         self.tenancy.admit(request.principal, QUEUES, 1)
         result = await self.router.run_queue(request.principal.prefix + queue,
                                              QueueAdmin("purge", request.principal.prefix + queue, group=group))
-        audit(request.principal, "dlq_purge", queue=queue, group=group)
+        audit(request, "dlq_purge", queue=queue, group=group)
         return result
 
     async def _dlq_requeue(self, request: Request, parts, query):
@@ -546,7 +546,7 @@ class Api:
         queue = request.principal.prefix + shown_name
         self.tenancy.admit(request.principal, QUEUES, 1)
         result = await self.router.run_queue(queue, QueueAdmin("delete", queue))
-        audit(request.principal, "queue_delete", queue=shown_name)
+        audit(request, "queue_delete", queue=shown_name)
         return result
 
     async def _partitions(self, request: Request, parts, query):
@@ -569,7 +569,7 @@ class Api:
         queue = request.principal.prefix + shown_name
         self.tenancy.admit(request.principal, QUEUES, 1)
         result = await self.router.run_queue(queue, QueueAdmin("delete_group", queue, group=group))
-        audit(request.principal, "group_delete", queue=shown_name, group=group)
+        audit(request, "group_delete", queue=shown_name, group=group)
         return result
 
     async def _timer_one(self, request: Request, parts, query):
@@ -603,7 +603,7 @@ class Api:
         group = group_name(unquote(parts[0]), self.limits)
         self.tenancy.admit(request.principal, QUEUES, 1)
         result = await self.router.delete_group_everywhere(group, request.principal.prefix)
-        audit(request.principal, "group_delete", queue="*", group=group)
+        audit(request, "group_delete", queue="*", group=group)
         return result
 
     # -- the server --------------------------------------------------------------------------------
@@ -670,7 +670,7 @@ class Api:
             report = await self.cluster.switchover(document.get("to"))
         except NotPossible as refused:
             raise QueenError("switchover_refused", str(refused), http_status=409) from None
-        audit(request.principal, "cluster_switchover", to=report["to"], epoch=report["epoch"])
+        audit(request, "cluster_switchover", to=report["to"], epoch=report["epoch"])
         return report
 
     async def _force_promote(self, request: Request, parts, query):
@@ -685,7 +685,7 @@ class Api:
             raise QueenError("force_promote_refused", str(refused), http_status=409) from None
         except (EtcdUnavailable, EtcdError) as error:
             raise Unavailable("etcd_unavailable", f"etcd did not take the change: {error}") from None
-        audit(request.principal, "cluster_force_promote", node=report["node"], old_leader=report["oldLeader"],
+        audit(request, "cluster_force_promote", node=report["node"], old_leader=report["oldLeader"],
               may_be_lost=report["mayBeLost"])
         return report
 
@@ -732,7 +732,7 @@ class Api:
         if self.backup is None:
             raise NotFound("not_found", "this server takes no backups", {"path": "/api/v1/admin/snapshot"})
         version, data = await self.backup()
-        audit(request.principal, "snapshot", version=version, bytes=len(data))
+        audit(request, "snapshot", version=version, bytes=len(data))
         return Response(200, data, b"application/octet-stream", [(b"queen-snapshot-version", b"%d" % version)])
 
     def _known_tenants(self) -> set[str]:
@@ -775,7 +775,7 @@ class Api:
             raise BadRequest("invalid_body", 'say what: {"kv": true} (locks included), {"queues": true}, or both')
         self.router.refuse_writes_if_unavailable()
         paused = await self.tenancy.set_paused(tenant, areas, "operator" if principal.operator else "admin")
-        audit(principal, "pause" if pausing else "resume", target_tenant=tenant,
+        audit(request, "pause" if pausing else "resume", target_tenant=tenant,
               areas=",".join(sorted(areas)))
         return {"tenant": tenant, "paused": {area: area in paused for area in AREAS}}
 

@@ -401,11 +401,11 @@ class WalWriter:
             if self._fsync_mean_s > INLINE_FSYNC_S_MAX or (self.fsync_last_s > INLINE_STALL_S_MAX and not alone):
                 self._inline = False
                 self._thread_since_s = now_s if not alone else now_s - THREAD_HOLD_S
-                logger.info("event=wal_commits_to_thread fsync_mean_ms=%.3f fsync_last_ms=%.3f",
+                logger.debug("event=wal_commits_to_thread fsync_mean_ms=%.3f fsync_last_ms=%.3f",
                             self._fsync_mean_s * 1000, self.fsync_last_s * 1000)
         elif self._fsync_mean_s < INLINE_FSYNC_S_MAX / 2 and (alone or now_s - self._thread_since_s >= THREAD_HOLD_S):
             self._inline = True
-            logger.info("event=wal_commits_inline fsync_mean_ms=%.3f", self._fsync_mean_s * 1000)
+            logger.debug("event=wal_commits_inline fsync_mean_ms=%.3f", self._fsync_mean_s * 1000)
 
     def stop(self, error: Exception) -> None:
         """Take no more writes: what is in memory can no longer be trusted to match the log (or

@@ -277,7 +277,7 @@ async def test_a_follower_promised_a_newer_epoch_refuses_the_old_leader_which_ne
         n1.replicator.step_down("a newer epoch exists")
         await until(lambda: answered, "the 503")
         status, body = answered[0]
-        assert status == 503 and body["error"]["code"] == "leader_lost"
+        assert status == 503 and body["code"] == "leader_lost"
         await n1.stop()
         await n2.stop()
 
