@@ -143,7 +143,8 @@ def _schemas(limits: Limits) -> dict:
                 "code": _STR, "detail": _STR,
             },
         },
-        "Health": _obj(("status",), closed=False, status={"enum": ["ok", "failed", "shutting_down"]},
+        "Health": _obj(("status",), closed=False, status={"enum": ["ok", "failed", "shutting_down",
+                                                                              "sync_unavailable"]},
                        reason=_STR),
         "KvOperation": {"oneOf": list(kv_ops.values())},
         "KvBatch": _obj(("operations",), operations={"type": "array", "minItems": 1,
@@ -239,8 +240,9 @@ def _schemas(limits: Limits) -> dict:
                            startedAt=_int(0), uptimeSeconds={"type": "number", "minimum": 0}, dataDir=_STR,
                            log={"type": "object"}, fsync={"type": "object"}, connections={"type": "object"},
                            requestsTotal=_int(0)),
-        "ClusterStatus": _obj(("cluster", "node", "role", "epoch", "leader", "sync", "degraded", "lastVersion",
-                               "followers"), closed=False, cluster=_NULLABLE_STR, node=_NULLABLE_STR,
+        "ClusterStatus": _obj(("cluster", "node", "role", "epoch", "serving", "leader", "sync", "degraded",
+                               "syncUnavailable", "lastVersion", "followers"), closed=False, cluster=_NULLABLE_STR,
+                              node=_NULLABLE_STR, serving=_BOOL, syncUnavailable=_BOOL,
                               role={"enum": ["single", "starting", "follower", "candidate", "promoting", "leader",
                                              "fenced"]},
                               epoch=_int(0), leader={"type": ["object", "null"]}, sync={"type": "array",
@@ -332,8 +334,9 @@ def _operations(limits: Limits) -> list[Operation]:
     )
     delete_metadata = _query("deleteMetadata", _STR, "the Queen MQ client's; ignored")
     return [
-        Operation("GET", "/healthz", "/healthz", "none", "Liveness and readiness: 200 ok, 503 failed disk or "
-                  "shutting down", "Health", statuses=(503,)),
+        Operation("GET", "/healthz", "/healthz", "none", "Liveness and readiness: 200 ok, 503 failed disk, "
+                  "shutting down, or a cluster leader's sync set out of reach (sync_unavailable: it clears by "
+                  "itself)", "Health", statuses=(503,)),
         Operation("GET", "/health", "/health", "none", "The Queen MQ client's spelling of /healthz", "Health",
                   statuses=(503,)),
         Operation("GET", "/api/v1/openapi.json", "/api/v1/openapi.json", "reader", "This document", "OpenApi"),

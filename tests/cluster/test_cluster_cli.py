@@ -53,8 +53,8 @@ class FakeCluster:
         self.calls = []
 
     def status(self):
-        return {"cluster": "t", "node": "n2", "role": self.role, "epoch": self.epoch, "leader": None, "sync": [],
-                "degraded": False, "lastVersion": 7, "followers": [
+        return {"cluster": "t", "node": "n2", "role": self.role, "epoch": self.epoch, "serving": self.serving,
+                "leader": None, "sync": [], "degraded": False, "syncUnavailable": False, "lastVersion": 7, "followers": [
                     {"node": "n3", "connected": True, "ackedVersion": 5, "lagVersions": 2}]}
 
     async def switchover(self, to=None):
@@ -71,6 +71,7 @@ class FakeRouter:
     class writer:  # noqa: N801 - stands for the router's writer
         durable_version = 11
         failed = None
+        sync_refusal = None
 
     draining = False
 

@@ -87,8 +87,8 @@ def test_campaign_members():
     assert c.campaign_members(_sync(("c",), forced="c"), "c", c.STRICT) == frozenset()
 
 
-def _status(node, acked, lag, connected=True):
-    return FollowerStatus(node, connected, acked, lag)
+def _status(node, acked, lag, connected=True, caught_up=None):
+    return FollowerStatus(node, connected, acked, lag, lag == 0 if caught_up is None else caught_up)
 
 
 def test_plan_sync_adds_caught_up_followers_up_to_the_count():
