@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -71,6 +72,16 @@ def metric(url: str, name: str) -> str:
     return next((line for line in text.splitlines() if line.startswith(name)), "")
 
 
+def promtool_accepts(text: str) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        print("SKIPPED LOUDLY: promtool is not installed, so a cluster node's /metrics was not checked by "
+              "`promtool check metrics` (apt-get install prometheus)", file=sys.stderr)
+        return
+    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def wait_until(condition, timeout_s: float, what: str):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -118,6 +129,7 @@ def test_a_strict_pair_whose_follower_is_killed_answers_sync_unavailable_and_sho
             view = cluster.status(leader)
             assert view["syncUnavailable"] is True and view["serving"] is True and view["role"] == "leader"
             assert metric(url, "queen_cluster_sync_unavailable").endswith(" 1")
+            promtool_accepts(call(url, "GET", "/metrics")[2])
             ran = cluster_status(cluster.nodes[leader].url, cluster.nodes[follower].url)
             assert ran.returncode == 69, (ran.stdout, ran.stderr)
             assert "sync_unavailable" in ran.stderr and follower in ran.stderr
