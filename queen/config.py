@@ -69,10 +69,10 @@ class Config:
                           "(2 nodes)", "MODE")
     lease_grace_s: float = _opt(0.0, "after a failover, live locks and queue leases last at least this long on the new "
                                 "leader (--lease-grace); 0: the leader ttl", "SECONDS")
-    # 10 s: well past a sync member's swap or drop (1 s without an ack) and a restart's catch-up of a
-    # few seconds, so a healthy cluster never hits it, yet short enough that a client is told before
-    # its own timeout (the SDK's and the CLI's are 10 s too) rather than left hanging.
-    sync_timeout_s: float = _opt(10.0, "the longest a write (or a read behind it) waits for the leader's sync set "
+    # 5 s: well past a sync member's swap or drop (1 s without an ack), so a healthy cluster never
+    # hits it, yet below the SDK's and the CLI's own 10 s timeout, so their client reads why (and
+    # whether the write may have been applied) instead of timing out with no answer.
+    sync_timeout_s: float = _opt(5.0, "the longest a write (or a read behind it) waits for the leader's sync set "
                                  "(--sync-timeout); then it answers 503 sync_unavailable, and new writes are refused "
                                  "at once until the sync set is back", "SECONDS")
 

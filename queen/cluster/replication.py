@@ -92,7 +92,6 @@ MESSAGE_BYTES_MAX = 300 << 20  # a frame holds at most 256 MiB (queen/wal/frame.
 CHUNK_BYTES = 1 << 20  # catch-up frames and snapshot chunks per message
 QUEUED_BYTES_MAX = 64 << 20  # a follower further behind than this is dropped; it catches up from disk
 LATE_WRITE_S = 1.5  # test-only (ack_before_fsync): how long acked frames wait before being written
-SYNC_TIMEOUT_S = 10.0  # the default of --sync-timeout (queen/config.py says why)
 SYNC_WATCH_S = 0.05  # how often the leader looks for calls that waited too long: the bound's precision
 # sync_unavailable's retry hint: the sync set comes back with a follower that restarts, or catches
 # up, in seconds, not with an election's few hundred ms.
@@ -208,7 +207,7 @@ class _Link:
 class Replicator:
     def __init__(self, *, node_id: str, data_dir: str, listen: tuple[str, int], state, writer, steps, clock, disk,
                  run_blocking, recovered, cluster: str = "", faults: test_faults.Faults = test_faults.NONE,
-                 sync_timeout_s: float = SYNC_TIMEOUT_S):
+                 sync_timeout_s: float):
         """recovered: what recovery found (queen/wal/recovery.py, Recovered): the log's last
         version. run_blocking should be the writer's (its disk thread): a cut of the log then never
         runs beside a commit. Reads the two epoch files (tiny) here, at start. faults: the

@@ -35,7 +35,7 @@ def test_cluster_flags_resolve_with_their_short_spellings():
     assert (config.cluster, config.node_id, config.leader_ttl_s, config.sync_mode, config.lease_grace_s) == (
         "t", "n1", 2.0, "degrade", 3.0)
     assert validate(config) == []
-    assert config.sync_timeout_s == 10.0  # the default
+    assert config.sync_timeout_s == 5.0  # the default: below the SDK's and the CLI's 10 s timeout
     args = build_parser().parse_args(["serve", *CLUSTER_ARGS, "--sync-timeout", "2.5"])
     assert resolve_config(args, environ={}).sync_timeout_s == 2.5
     assert resolve_config(build_parser().parse_args(["serve", *CLUSTER_ARGS]),
