@@ -93,6 +93,7 @@ CHUNK_BYTES = 1 << 20  # catch-up frames and snapshot chunks per message
 QUEUED_BYTES_MAX = 64 << 20  # a follower further behind than this is dropped; it catches up from disk
 LATE_WRITE_S = 1.5  # test-only (ack_before_fsync): how long acked frames wait before being written
 SYNC_WATCH_S = 0.05  # how often the leader looks for calls that waited too long: the bound's precision
+SYNC_STALL_S = 1.0  # a look this much later than due is skipped (_watch_sync says why)
 # sync_unavailable's retry hint: the sync set comes back with a follower that restarts, or catches
 # up, in seconds, not with an election's few hundred ms.
 SYNC_RETRY_MS = 1000
@@ -476,10 +477,15 @@ class Replicator:
     # -- the sync timeout (module docstring) ---------------------------------------------------------
 
     async def _watch_sync(self) -> None:
+        last = trio.current_time()
         while True:
             await trio.sleep(SYNC_WATCH_S)
-            if self.role == "leader" and self._serving:
-                self.check_sync(trio.current_time())
+            now = trio.current_time()
+            late, last = now - last > SYNC_WATCH_S + SYNC_STALL_S, now
+            # A tick this late says this loop stalled (a paused process, a long step): acks may be
+            # waiting unread in the sockets; they are read before the next tick looks.
+            if self.role == "leader" and self._serving and not late:
+                self.check_sync(now)
 
     def check_sync(self, now: float) -> None:
         """Declare the sync set out of reach when a frame or a read has waited sync_timeout_s for
