@@ -386,7 +386,8 @@ class Coordinator:
                 "serving": self.serving, "promisedEpoch": self.replicator.promised_epoch,
                 "leader": {"node": leader.node, "advertise": leader.advertise, "epoch": leader.epoch} if leader else None,
                 "sync": sorted(sync.members) if sync else [], "degraded": bool(sync and sync.degraded),
-                "syncUnavailable": self.sync_unavailable, "syncMode": self.settings.sync_mode, "lastVersion": self.replicator.log_position()[1],
+                "syncUnavailable": self.sync_unavailable, "syncMode": self.settings.sync_mode,
+                "lastVersion": self.replicator.log_position()[1],
                 "followers": [{"node": f.node, "connected": f.connected, "ackedVersion": f.acked_version,
                                "lagVersions": f.lag_versions} for f in followers],
                 "members": members}

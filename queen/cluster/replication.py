@@ -502,8 +502,11 @@ class Replicator:
             if node not in links:
                 absent.setdefault(node, now)
         if self._unavailable_since is None:
-            waiting = [since for since in (shipped[0][1] if shipped else None, self._reads[0][3] if self._reads else None,
-                                           *absent.values()) if since is not None]
+            waiting = [*absent.values()]
+            if shipped:
+                waiting.append(shipped[0][1])
+            if self._reads:
+                waiting.append(self._reads[0][3])
             if not waiting or now - min(waiting) < self.sync_timeout_s:
                 return
             self._unavailable_since = now

@@ -63,7 +63,8 @@ class FakeCluster:
 
     def status(self):
         return {"cluster": "t", "node": "n2", "role": self.role, "epoch": self.epoch, "serving": self.serving,
-                "leader": None, "sync": [], "degraded": False, "syncUnavailable": False, "lastVersion": 7, "followers": [
+                "leader": None, "sync": [], "degraded": False, "syncUnavailable": False, "lastVersion": 7,
+                "followers": [
                     {"node": "n3", "connected": True, "ackedVersion": 5, "lagVersions": 2}]}
 
     async def switchover(self, to=None):
