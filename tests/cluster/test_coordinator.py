@@ -411,3 +411,19 @@ async def test_a_leader_is_degraded_until_its_sync_set_is_full(etcd, mode):  # n
         assert a.coordinator.status()["degraded"] is False and not (await a.coordinator.observe()).sync.degraded
         await until(lambda: b.coordinator.status()["degraded"] is False)  # a follower shows what etcd says
         nursery.cancel_scope.cancel()
+
+
+async def test_every_node_shows_when_the_leaders_sync_set_is_out_of_reach(etcd):  # noqa: F811
+    net = FakeNet()
+    async with trio.open_nursery() as nursery:
+        nodes = await start(nursery, net, etcd.url, ["a", "b"])
+        leader = await settled(nodes)
+        follower = next(n for n in nodes if n is not leader)
+        assert follower.coordinator.status()["syncUnavailable"] is False
+        leader.replicator.sync_unavailable = True  # what the real replicator says past --sync-timeout
+        assert leader.coordinator.status()["syncUnavailable"] is True
+        # The leader announces it in its members/ document; the follower reads it at its next poll.
+        await until(lambda: follower.coordinator.status()["syncUnavailable"] is True)
+        leader.replicator.sync_unavailable = False
+        await until(lambda: follower.coordinator.status()["syncUnavailable"] is False)
+        nursery.cancel_scope.cancel()
