@@ -164,7 +164,7 @@ class MessageReader:
         return message
 
 
-def sync_unavailable(members, timeout_s: float, applied) -> Unavailable:
+def sync_unavailable_error(members, timeout_s: float, applied) -> Unavailable:
     """What a leader answers while its sync set is out of reach (module docstring). applied:
     "unknown" for a call that waited and may have written (it is on this node's disk), False for
     one refused before anything was applied, or a read."""
@@ -485,9 +485,9 @@ class Replicator:
             # A tick this late says this loop stalled (a paused process, a long step): acks may be
             # waiting unread in the sockets; they are read before the next tick looks.
             if self.role == "leader" and self._serving and not late:
-                self.check_sync(now)
+                self._check_sync(now)
 
-    def check_sync(self, now: float) -> None:
+    def _check_sync(self, now: float) -> None:
         """Declare the sync set out of reach when a frame or a read has waited sync_timeout_s for
         it, or a member has had no stream that long; while it is, answer whatever waits for it and
         look for its return."""
@@ -512,7 +512,7 @@ class Replicator:
             self._unavailable_since = now
             self._outage_goal = self.writer.local_version
             self._outage_round = self._round + 1
-            self.writer.sync_refusal = sync_unavailable(self._sync, self.sync_timeout_s, False)
+            self.writer.sync_refusal = sync_unavailable_error(self._sync, self.sync_timeout_s, False)
             logger.warning("event=sync_unavailable epoch=%d sync=%s waited_s=%.1f action=refusing_writes",
                            self.epoch, ",".join(sorted(self._sync)), now - min(waiting))
         elif all(node in links and self._acked.get(node, 0) >= self._outage_goal
@@ -535,7 +535,7 @@ class Replicator:
 
     def _unavailable_for(self, waiter) -> Unavailable:
         """sync_unavailable for a call that waited: unknown whether applied if it may have written."""
-        return sync_unavailable(self._sync, self.sync_timeout_s, "unknown" if waiter.wrote else False)
+        return sync_unavailable_error(self._sync, self.sync_timeout_s, "unknown" if waiter.wrote else False)
 
     def _end_outage(self) -> None:
         self._unavailable_since = None

@@ -183,10 +183,10 @@ def test_cluster_metrics():
 
 
 async def test_a_leader_whose_sync_set_is_out_of_reach_fails_its_health_check():
-    from queen.cluster.replication import sync_unavailable
+    from queen.cluster.replication import sync_unavailable_error
 
     class Writer(FakeRouter.writer):
-        sync_refusal = sync_unavailable({"n3"}, 10.0, False)
+        sync_refusal = sync_unavailable_error({"n3"}, 10.0, False)
 
     router = FakeRouter()
     router.writer = Writer
