@@ -72,6 +72,12 @@ class Config:
                           "(2 nodes)", "MODE")
     lease_grace_s: float = _opt(0.0, "after a failover, live locks and queue leases last at least this long on the new "
                                 "leader (--lease-grace); 0: the leader ttl", "SECONDS")
+    # 5 s: well past a sync member's swap or drop (1 s without an ack), so a healthy cluster never
+    # hits it, yet below the SDK's and the CLI's own 10 s timeout, so their client reads why (and
+    # whether the write may have been applied) instead of timing out with no answer.
+    sync_timeout_s: float = _opt(5.0, "the longest a write (or a read behind it) waits for the leader's sync set "
+                                 "(--sync-timeout); then it answers 503 sync_unavailable, and new writes are refused "
+                                 "at once until the sync set is back", "SECONDS")
 
     def replace(self, **changes) -> Config:
         return dataclasses.replace(self, **changes)
@@ -152,6 +158,8 @@ def cluster_problems(config: Config) -> list[str]:
         problems.append(f"sync mode {config.sync_mode!r} is not one of strict, degrade")
     if config.lease_grace_s < 0:
         problems.append("lease grace must not be negative")
+    if not 0.1 <= config.sync_timeout_s <= 3600:
+        problems.append("sync timeout must be between 0.1 and 3600 seconds")
     return problems
 
 

@@ -39,7 +39,8 @@ Each refusal is one log line, event=start_failed reason=..., naming what to look
 
 
 # The cluster flags' short spellings, beside the names derived from their fields.
-FLAG_ALIASES = {"node_id": ("--node",), "leader_ttl_s": ("--leader-ttl",), "lease_grace_s": ("--lease-grace",)}
+FLAG_ALIASES = {"node_id": ("--node",), "leader_ttl_s": ("--leader-ttl",), "lease_grace_s": ("--lease-grace",),
+                "sync_timeout_s": ("--sync-timeout",)}
 
 
 def env_name(field_name: str) -> str:

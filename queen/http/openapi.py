@@ -146,7 +146,8 @@ def _schemas(limits: Limits) -> dict:
             code={"type": "string", "pattern": "^[a-z0-9_]+$", "description": "snake_case, for programs"},
             details={"type": "object", "description": "what the refusal is about (a field, a limit)"},
             detail={"type": "string", "description": "the message again, where the public Queen MQ client reads it"})},
-        "Health": _obj(("status",), closed=False, status={"enum": ["ok", "failed", "shutting_down"]},
+        "Health": _obj(("status",), closed=False, status={"enum": ["ok", "failed", "shutting_down",
+                                                                              "sync_unavailable"]},
                        reason=_STR),
         "KvOperation": {"oneOf": list(kv_ops.values())},
         "KvBatch": _obj(("operations",), operations={"type": "array", "minItems": 1,
@@ -252,8 +253,8 @@ def _schemas(limits: Limits) -> dict:
                            requestsTotal=_int(0), clientErrorsTotal=_int(0, description="answers 4xx since the start"),
                            serverErrorsTotal=_int(0, description="answers 5xx since the start")),
         "ClusterStatus": _obj(("cluster", "node", "role", "epoch", "serving", "leader", "sync", "degraded",
-                               "lastVersion", "followers"), closed=False, cluster=_NULLABLE_STR, node=_NULLABLE_STR,
-                              serving=_BOOL,
+                               "syncUnavailable", "lastVersion", "followers"), closed=False, cluster=_NULLABLE_STR,
+                              node=_NULLABLE_STR, serving=_BOOL, syncUnavailable=_BOOL,
                               role={"enum": ["single", "starting", "follower", "candidate", "promoting", "leader",
                                              "fenced"]},
                               epoch=_int(0), leader={"type": ["object", "null"]}, sync={"type": "array",
@@ -345,8 +346,9 @@ def _operations(limits: Limits) -> list[Operation]:
     )
     delete_metadata = _query("deleteMetadata", _STR, "the Queen MQ client's; ignored")
     return [
-        Operation("GET", "/healthz", "/healthz", "none", "Liveness and readiness: 200 ok, 503 failed disk or "
-                  "shutting down", "Health", statuses=(503,)),
+        Operation("GET", "/healthz", "/healthz", "none", "Liveness and readiness: 200 ok, 503 failed disk, "
+                  "shutting down, or a cluster leader's sync set out of reach (sync_unavailable: it clears by "
+                  "itself)", "Health", statuses=(503,)),
         Operation("GET", "/health", "/health", "none", "The Queen MQ client's spelling of /healthz", "Health",
                   statuses=(503,)),
         Operation("GET", "/api/v1/openapi.json", "/api/v1/openapi.json", "reader", "This document", "OpenApi"),

@@ -241,11 +241,17 @@ class Api:
         return Response(status, body, content_type)
 
     def _health(self, request: Request) -> Response:
-        failed = self.router.writer.failed
+        """200 ok while this node can answer; 503 while it cannot: a failed log (until a restart),
+        shutting down, or a cluster leader whose sync set is out of reach (until it is back: no
+        restart, which would only start an election that cannot be won without the sync set)."""
+        writer = self.router.writer
+        failed = writer.failed
         if failed is not None:
             return self._reply(request, {"status": "failed", "reason": str(failed)}, 503)
         if self.router.draining:
             return self._reply(request, {"status": "shutting_down"}, 503)
+        if writer.sync_refusal is not None:
+            return self._reply(request, {"status": "sync_unavailable", "reason": writer.sync_refusal.message}, 503)
         return self._reply(request, {"status": "ok"})
 
     async def _openapi(self, request: Request, parts, query):
@@ -645,7 +651,8 @@ class Api:
         check_params(_query(query), frozenset())
         if self.cluster is None:
             return {"cluster": None, "node": None, "role": "single", "epoch": 0, "serving": True, "leader": None,
-                    "sync": [], "degraded": False, "lastVersion": self.router.writer.durable_version, "followers": []}
+                    "sync": [], "degraded": False, "syncUnavailable": False,
+                    "lastVersion": self.router.writer.durable_version, "followers": []}
         return self.cluster.status()
 
     def _cluster_call(self, request: Request, fields: frozenset, needs: str | None) -> dict:

@@ -277,7 +277,8 @@ CLUSTER_ROLES = ("starting", "follower", "candidate", "promoting", "leader", "fe
 
 def render_cluster(status: dict) -> str:
     """A cluster node's series (queen/cluster/coordinator.py's status document): its role, the
-    epoch it leads or follows, and (on the leader) each follower's lag."""
+    epoch it leads or follows, whether the sync set is short or out of reach, and (on the leader)
+    each follower's lag."""
     node = _label(status["node"])
     out = ["# HELP queen_cluster_role 1 for the role this node has now (leader, follower, ...)\n"
            "# TYPE queen_cluster_role gauge\n"]
@@ -285,6 +286,14 @@ def render_cluster(status: dict) -> str:
                for role in CLUSTER_ROLES)
     out.append("# HELP queen_cluster_epoch the epoch this node leads or follows (0: none yet)\n"
                f"# TYPE queen_cluster_epoch gauge\nqueen_cluster_epoch{{node=\"{node}\"}} {status['epoch']}\n")
+    out.append("# HELP queen_cluster_degraded 1 while the leader's sync set has fewer members than it wants: writes "
+               "are acknowledged on fewer copies (a follower shows what etcd says)\n"
+               f"# TYPE queen_cluster_degraded gauge\nqueen_cluster_degraded{{node=\"{node}\"}} "
+               f"{int(status['degraded'])}\n")
+    out.append("# HELP queen_cluster_sync_unavailable 1 while the leader's sync set is out of reach: writes answer 503 "
+               "sync_unavailable (a follower shows what the leader announced)\n"
+               "# TYPE queen_cluster_sync_unavailable gauge\n"
+               f"queen_cluster_sync_unavailable{{node=\"{node}\"}} {int(status['syncUnavailable'])}\n")
     out.append("# HELP queen_cluster_follower_lag_versions versions the leader has that a follower has not acked\n"
                "# TYPE queen_cluster_follower_lag_versions gauge\n")
     out.extend(f'queen_cluster_follower_lag_versions{{follower="{_label(f["node"])}"}} {f["lagVersions"]}\n'

@@ -323,7 +323,7 @@ class Server:
         replicator = Replicator(node_id=config.node_id, data_dir=config.data_dir,
                                 listen=host_port(config.replication_listen), state=state, writer=writer, steps=steps,
                                 clock=clock, disk=self.disk, run_blocking=run_blocking, recovered=recovered,
-                                cluster=config.cluster, faults=self._faults)
+                                cluster=config.cluster, faults=self._faults, sync_timeout_s=config.sync_timeout_s)
         settings = Settings(config.cluster, config.node_id, config.advertise.rstrip("/"), config.replication_listen,
                             leader_ttl_s=config.leader_ttl_s, sync_mode=config.sync_mode,
                             lease_grace_s=config.lease_grace_s)
