@@ -40,6 +40,15 @@ _LOCKS_NS_OF_A_TENANT = SEPARATOR + LOCKS_NS
 def is_locks_ns(ns: str) -> bool:
     """Whether a stored namespace holds lock permits: the default tenant's or another's."""
     return ns == LOCKS_NS or ns.endswith(_LOCKS_NS_OF_A_TENANT)
+
+
+def permit_value(owner: object) -> dict:
+    """What a lock permit's row holds: its owner (None when the acquire named none) in an object,
+    so a client that reads the row (a failed guard's current value, a KV get) finds `value.owner`.
+    Builds before this one stored the owner itself; replay wraps such a row (KvState.replay)."""
+    return {"owner": owner}
+
+
 PAGE_ITEMS_DEFAULT = 100
 
 
@@ -699,7 +708,12 @@ class KvState:
             old = table.rows.get(key)
             if old is None:
                 table.note_insert(key)
-            packed = table.rows[key] = _pack_head(*record[3:]) + _dumps(record.value, default=json_default)
+            value = record.value
+            if type(value) is not dict and is_locks_ns(ns):
+                # A permit as builds before the object form wrote it: its value was the owner. The
+                # same record always gives the same row, so replay stays a function of the log.
+                value = permit_value(value)
+            packed = table.rows[key] = _pack_head(*record[3:]) + _dumps(value, default=json_default)
             if table.usage is not None:
                 _count(table.usage, key, old, packed)
             if record.expires_at_ms:

@@ -1,8 +1,9 @@
 """Locks and semaphores as KV rows: parsing of lock operations, and the lock operations of one shard,
 built on KvState and nothing else.
 
-A permit is the row `queen-locks / <name>#<slot>`: its value is the owner, its TTL the lease, its
-version the token, its create_version the fence (the token at acquire, kept across renewals).
+A permit is the row `queen-locks / <name>#<slot>`: its value the object `{"owner": <owner>}`
+(kv.permit_value; a client reading the row finds `value.owner`), its TTL the lease, its version the
+token, its create_version the fence (the token at acquire, kept across renewals).
 acquire = putIfAbsent on the first free slot, renew = put with expect, release = delete with
 expect. All slots of a name hash to one shard, so an acquire with a free permit never fails for
 contention, and waiters of a name queue on that shard.
@@ -26,9 +27,19 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import cast
 
 from queen.core import names
-from queen.core.kv import LOCKS_NS, KvState, Row, check_fields, fail, integer, is_locks_ns
+from queen.core.kv import (
+    LOCKS_NS,
+    KvState,
+    Row,
+    check_fields,
+    fail,
+    integer,
+    is_locks_ns,
+    permit_value,
+)
 from queen.core.limits import INT64_MAX, Limits
 from queen.core.outcomes import LockReason
 from queen.core.wheel import TimingWheel
@@ -154,8 +165,13 @@ def guard(key: str, token: int) -> dict:
     return {"op": "check", "ns": LOCKS_NS, "key": key, "expect": token, "required": True}
 
 
+def owner_of(row: Row) -> str | None:
+    """The owner a permit's row holds (its value is kv.permit_value's object)."""
+    return cast(dict, row.value)["owner"]
+
+
 def holder(slot: int, row: Row) -> dict:
-    return {"slot": slot, "owner": row.value, "token": row.version, "fence": row.create_version,
+    return {"slot": slot, "owner": owner_of(row), "token": row.version, "fence": row.create_version,
             "since": row.created_at_ms, "renewedAt": row.updated_at_ms, "expiresAt": row.expires_at_ms}
 
 
@@ -236,9 +252,10 @@ class LockTable:
             row = kv.live_view(ns, key, now_ms)
             if row is None:
                 if line not in waiters:
-                    return self._granted(name, 0, key, kv.write(ns, key, owner, op.ttl_ms, None, now_ms, records))
-            elif owner is not None and row.value == owner:
-                return self._granted(name, 0, key, row, already=True)
+                    row = kv.write(ns, key, permit_value(owner), op.ttl_ms, None, now_ms, records)
+                    return self._granted(name, 0, key, row, owner)
+            elif owner is not None and owner_of(row) == owner:
+                return self._granted(name, 0, key, row, owner, already=True)
             return {"name": name, "acquired": False, "reason": LockReason.HELD,
                     "holders": [] if row is None else [holder(0, row)]}
         keys = [f"{name}#{slot}" for slot in range(permits(op))]
@@ -246,21 +263,22 @@ class LockTable:
         rows = [live_view(ns, key, now_ms) for key in keys]
         if owner is not None:
             for slot, row in enumerate(rows):
-                if row is not None and row.value == owner:
-                    return self._granted(name, slot, keys[slot], row, already=True)
+                if row is not None and owner_of(row) == owner:
+                    return self._granted(name, slot, keys[slot], row, owner, already=True)
         if line not in waiters:  # first come first served: a free permit belongs to the oldest waiter
             for slot, row in enumerate(rows):
                 if row is None:
-                    row = kv.write(ns, keys[slot], owner, op.ttl_ms, None, now_ms, records)
-                    return self._granted(name, slot, keys[slot], row)
+                    row = kv.write(ns, keys[slot], permit_value(owner), op.ttl_ms, None, now_ms, records)
+                    return self._granted(name, slot, keys[slot], row, owner)
         return {"name": name, "acquired": False, "reason": LockReason.HELD,
                 "holders": [holder(slot, row) for slot, row in enumerate(rows) if row is not None]}
 
     @staticmethod
-    def _granted(name: str, slot: int, key: str, row: Row, already: bool = False) -> dict:
+    def _granted(name: str, slot: int, key: str, row: Row, owner: str | None, already: bool = False) -> dict:
+        """The answer to an acquire granted row; owner is the acquire's, the row's owner too."""
         version = row.version
         result = {"name": name, "acquired": True, "slot": slot, "token": version, "fence": row.create_version,
-                  "owner": row.value, "expiresAt": row.expires_at_ms, "guard": guard(key, version)}
+                  "owner": owner, "expiresAt": row.expires_at_ms, "guard": guard(key, version)}
         if already:
             result["already"] = True
         return result
@@ -329,9 +347,10 @@ class LockTable:
             queue.popleft()
             self.deadlines.remove(waiter)
             key = permit_key(name, free)
-            row = self.kv.write(ns, key, waiter.op.owner, waiter.op.ttl_ms, None, now_ms, records)
+            owner = waiter.op.owner
+            row = self.kv.write(ns, key, permit_value(owner), waiter.op.ttl_ms, None, now_ms, records)
             self.acquires["granted"] += 1
-            self.resolved.append((waiter.reply_to, waiter.position, self._granted(name, free, key, row)))
+            self.resolved.append((waiter.reply_to, waiter.position, self._granted(name, free, key, row, owner)))
         if queue is not None and not queue:
             del self.waiters[line]
 
@@ -438,11 +457,12 @@ class LockTable:
         (its earlier renew landed but the answer was lost): same owner, same holder."""
         if row is None:
             return False
-        if op.owner is not None and row.value is not None and row.value != op.owner:
+        owner = owner_of(row)
+        if op.owner is not None and owner is not None and owner != op.owner:
             return False
         if row.version == op.token:
             return True
-        return op.owner is not None and row.value == op.owner and row.create_version <= op.token < row.version
+        return op.owner is not None and owner == op.owner and row.create_version <= op.token < row.version
 
     def get(self, op: LockOp, now_ms: int) -> dict:
         holders = [holder(slot, row) for slot, row in self._permits(op.ns, op.name, now_ms)
