@@ -49,6 +49,16 @@ def permit_value(owner: object) -> dict:
     return {"owner": owner}
 
 
+def permit_json(owner: str | None) -> bytes:
+    """permit_value(owner) as a permit's row stores it. Every permit row is stored this way (a write
+    and replay alike encode the same one-key object with orjson), so two permits have the same owner
+    exactly when their stored bytes are equal: the lock table compares owners without decoding."""
+    return orjson.dumps({"owner": owner})
+
+
+NO_OWNER_JSON = permit_json(None)
+
+
 PAGE_ITEMS_DEFAULT = 100
 
 
@@ -475,6 +485,15 @@ class KvState:
         """live_row read out into its fields."""
         return unpack_row(self.live_row(ns, key, now_ms))
 
+    def live_permit(self, ns: str, key: str, now_ms: int) -> Row | None:
+        """live_row read out into its fields, its value left as the stored JSON (bytes): a lock
+        permit's, compared as bytes (permit_json) and decoded only to be shown."""
+        packed = self.live_row(ns, key, now_ms)
+        if packed is None:
+            return None
+        version, create_version, created_at_ms, updated_at_ms, expires_at_ms = _head_of(packed)
+        return Row(packed[HEAD_BYTES:], version, create_version, created_at_ms, updated_at_ms, expires_at_ms)
+
     def _store(self, ns: str, key: str, packed: bytes, expires_at_ms: int) -> None:
         table = self.tables.get(ns)
         if table is None:
@@ -511,20 +530,27 @@ class KvState:
             self._store_version(ns, key, value, ttl_ms, version, create_version, created_at_ms, now_ms, records)
         return version
 
-    def write(self, ns: str, key: str, value, ttl_ms: int, old: Row | None, now_ms: int, records: list) -> Row:
-        """Store a new version of (ns, key); `old` is its live row (as live_view reads it) or None."""
+    def write(self, ns: str, key: str, value, encoded: bytes, ttl_ms: int, old: Row | None, now_ms: int,
+              records: list) -> Row:
+        """Store a new version of (ns, key) holding value, whose stored JSON the caller built once
+        (`encoded`, as encode_value gives it); `old` is its live row (as live_view or live_permit
+        read it) or None. The row answered holds `encoded`, as live_permit reads it."""
         version = self.versions.next()
         create_version = version if old is None else old.create_version
         created_at_ms = now_ms if old is None else old.created_at_ms
-        expires_at_ms = self._store_version(ns, key, value, ttl_ms, version, create_version, created_at_ms, now_ms, records)
-        return Row(value, version, create_version, created_at_ms, now_ms, expires_at_ms)
+        expires_at_ms = self._store_version(ns, key, value, ttl_ms, version, create_version, created_at_ms, now_ms,
+                                            records, encoded)
+        return Row(encoded, version, create_version, created_at_ms, now_ms, expires_at_ms)
 
     def _store_version(self, ns: str, key: str, value: object, ttl_ms: int, version: int, create_version: int,
-             created_at_ms: int, now_ms: int, records: list) -> int:
-        """Pack, store and log one row's new version; its expiry (0: none)."""
+             created_at_ms: int, now_ms: int, records: list, encoded: bytes | None = None) -> int:
+        """Pack, store and log one row's new version (encoded: the value's JSON, when the caller has
+        it); its expiry (0: none)."""
         expires_at_ms = now_ms + ttl_ms if ttl_ms else 0
-        self._store(ns, key, _pack_head(version, create_version, created_at_ms, now_ms, expires_at_ms)
-                    + _dumps(value, default=json_default), expires_at_ms)
+        if encoded is None:
+            encoded = _dumps(value, default=json_default)
+        self._store(ns, key, _pack_head(version, create_version, created_at_ms, now_ms, expires_at_ms) + encoded,
+                    expires_at_ms)
         rec.put(records, ns, key, value, version, create_version, created_at_ms, now_ms, expires_at_ms)
         return expires_at_ms
 
