@@ -45,11 +45,12 @@ def is_locks_ns(ns: str) -> bool:
 def permit_value(owner: object) -> dict:
     """What a lock permit's row holds: its owner (None when the acquire named none) in an object,
     so a client that reads the row (a failed guard's current value, a KV get) finds `value.owner`.
-    Builds before this one stored the owner itself; replay wraps such a row (KvState.replay)."""
+    The log keeps the owner alone (a permit's put carries it as its value, as every build wrote
+    it): replay makes the row's object (KvState.replay)."""
     return {"owner": owner}
 
 
-def permit_json(owner: str | None) -> bytes:
+def permit_json(owner: object) -> bytes:
     """permit_value(owner) as a permit's row stores it. Every permit row is stored this way (a write
     and replay alike encode the same one-key object with orjson), so two permits have the same owner
     exactly when their stored bytes are equal: the lock table compares owners without decoding."""
@@ -530,22 +531,23 @@ class KvState:
             self._store_version(ns, key, value, ttl_ms, version, create_version, created_at_ms, now_ms, records)
         return version
 
-    def write(self, ns: str, key: str, value, encoded: bytes, ttl_ms: int, old: Row | None, now_ms: int,
+    def write(self, ns: str, key: str, logged: object, encoded: bytes, ttl_ms: int, old: Row | None, now_ms: int,
               records: list) -> Row:
-        """Store a new version of (ns, key) holding value, whose stored JSON the caller built once
-        (`encoded`, as encode_value gives it); `old` is its live row (as live_view or live_permit
-        read it) or None. The row answered holds `encoded`, as live_permit reads it."""
+        """Store a new version of (ns, key): its stored JSON `encoded` (the caller built it once),
+        `logged` what its put record carries (for a lock permit, its owner: see permit_value); `old`
+        is its live row (as live_view or live_permit read it) or None. The row answered holds
+        `encoded`, as live_permit reads it."""
         version = self.versions.next()
         create_version = version if old is None else old.create_version
         created_at_ms = now_ms if old is None else old.created_at_ms
-        expires_at_ms = self._store_version(ns, key, value, ttl_ms, version, create_version, created_at_ms, now_ms,
+        expires_at_ms = self._store_version(ns, key, logged, ttl_ms, version, create_version, created_at_ms, now_ms,
                                             records, encoded)
         return Row(encoded, version, create_version, created_at_ms, now_ms, expires_at_ms)
 
     def _store_version(self, ns: str, key: str, value: object, ttl_ms: int, version: int, create_version: int,
              created_at_ms: int, now_ms: int, records: list, encoded: bytes | None = None) -> int:
-        """Pack, store and log one row's new version (encoded: the value's JSON, when the caller has
-        it); its expiry (0: none)."""
+        """Pack, store and log one row's new version (encoded: its stored JSON, when the caller has
+        it; value is then what the put record carries); its expiry (0: none)."""
         expires_at_ms = now_ms + ttl_ms if ttl_ms else 0
         if encoded is None:
             encoded = _dumps(value, default=json_default)
@@ -734,12 +736,9 @@ class KvState:
             old = table.rows.get(key)
             if old is None:
                 table.note_insert(key)
-            value = record.value
-            if type(value) is not dict and is_locks_ns(ns):
-                # A permit as builds before the object form wrote it: its value was the owner. The
-                # same record always gives the same row, so replay stays a function of the log.
-                value = permit_value(value)
-            packed = table.rows[key] = _pack_head(*record[3:]) + _dumps(value, default=json_default)
+            # A permit's put carries its owner; its row holds the owner's object (permit_value).
+            encoded = permit_json(record.value) if is_locks_ns(ns) else _dumps(record.value, default=json_default)
+            packed = table.rows[key] = _pack_head(*record[3:]) + encoded
             if table.usage is not None:
                 _count(table.usage, key, old, packed)
             if record.expires_at_ms:
@@ -773,10 +772,13 @@ def _count(usage: Usage, key: str, old: bytes | None, new: bytes | None) -> None
 
 
 def snapshot_records(copies: list, kv: list, locks: list) -> None:
-    """Append a put record per row of snapshot_copy()'s copies: lock permits to `locks`, every
-    other row to `kv`."""
+    """Append a put record per row of snapshot_copy()'s copies: lock permits to `locks` (each
+    carrying its owner, as the log does), every other row to `kv`."""
     put = rec.put
     for ns, rows in copies:
-        out = locks if is_locks_ns(ns) else kv
+        if is_locks_ns(ns):
+            for key, packed in rows.items():
+                put(locks, ns, key, _loads(packed[HEAD_BYTES:])["owner"], *_head_of(packed))
+            continue
         for key, packed in rows.items():
-            put(out, ns, key, decode_value(packed), *_head_of(packed))
+            put(kv, ns, key, decode_value(packed), *_head_of(packed))

@@ -2,10 +2,11 @@
 built on KvState and nothing else.
 
 A permit is the row `queen-locks / <name>#<slot>`: its value the object `{"owner": <owner>}`
-(kv.permit_value; a client reading the row finds `value.owner`), its TTL the lease, its version the
-token, its create_version the fence (the token at acquire, kept across renewals). The table reads
-permits with kv.live_permit: a Row whose value is the stored JSON, compared to an operation's
-permit_json (built once per operation) to recognise its owner, and decoded only to be shown.
+(kv.permit_value: a client reading the row finds `value.owner`; the log's put carries the owner
+alone), its TTL the lease, its version the token, its create_version the fence (the token at
+acquire, kept across renewals). The table reads permits with kv.live_permit: a Row whose value is
+the stored JSON, compared to an operation's permit_json (built once per operation) to recognise
+its owner, and decoded only to be shown.
 acquire = putIfAbsent on the first free slot, renew = put with expect, release = delete with
 expect. All slots of a name hash to one shard, so an acquire with a free permit never fails for
 contention, and waiters of a name queue on that shard.
@@ -44,7 +45,6 @@ from queen.core.kv import (
     integer,
     is_locks_ns,
     permit_json,
-    permit_value,
 )
 from queen.core.limits import INT64_MAX, Limits
 from queen.core.outcomes import LockReason
@@ -267,7 +267,7 @@ class LockTable:
             row = kv.live_permit(ns, key, now_ms)
             if row is None:
                 if line not in waiters:
-                    row = kv.write(ns, key, permit_value(owner), encoded_owner(op), op.ttl_ms, None, now_ms, records)
+                    row = kv.write(ns, key, owner, encoded_owner(op), op.ttl_ms, None, now_ms, records)
                     return self._granted(name, 0, key, row, owner)
             elif owner is not None and row.value == encoded_owner(op):
                 return self._granted(name, 0, key, row, owner, already=True)
@@ -284,8 +284,7 @@ class LockTable:
         if line not in waiters:  # first come first served: a free permit belongs to the oldest waiter
             for slot, row in enumerate(rows):
                 if row is None:
-                    row = kv.write(ns, keys[slot], permit_value(owner), encoded_owner(op), op.ttl_ms, None, now_ms,
-                                   records)
+                    row = kv.write(ns, keys[slot], owner, encoded_owner(op), op.ttl_ms, None, now_ms, records)
                     return self._granted(name, slot, keys[slot], row, owner)
         return {"name": name, "acquired": False, "reason": LockReason.HELD,
                 "holders": [holder(slot, row) for slot, row in enumerate(rows) if row is not None]}
@@ -365,8 +364,7 @@ class LockTable:
             self.deadlines.remove(waiter)
             key = permit_key(name, free)
             owner = waiter.op.owner
-            row = self.kv.write(ns, key, permit_value(owner), encoded_owner(waiter.op), waiter.op.ttl_ms, None, now_ms,
-                                records)
+            row = self.kv.write(ns, key, owner, encoded_owner(waiter.op), waiter.op.ttl_ms, None, now_ms, records)
             self.acquires["granted"] += 1
             self.resolved.append((waiter.reply_to, waiter.position, self._granted(name, free, key, row, owner)))
         if queue is not None and not queue:
@@ -454,7 +452,7 @@ class LockTable:
         encoded = cast(bytes, row.value)  # the permit keeps its owner, and so its stored value
         # The owner for the log: op's when the row is of op's owner (known without decoding).
         owner = op.owner if op.owner is not None and encoded == encoded_owner(op) else owner_of(row)
-        row = kv.write(op.ns, key, permit_value(owner), encoded, op.ttl_ms, row, now_ms, records)
+        row = kv.write(op.ns, key, owner, encoded, op.ttl_ms, row, now_ms, records)
         return {"name": op.name, "renewed": True, "slot": slot, "token": row.version, "fence": row.create_version,
                 "expiresAt": row.expires_at_ms, "guard": guard(key, row.version)}
 

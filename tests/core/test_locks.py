@@ -335,7 +335,7 @@ def test_a_permits_row_holds_its_owner_as_an_object_with_the_token_as_version_an
     assert orjson.loads(orjson.dumps(row))["value"] == {"owner": "cron-7"}  # as a JSON answer shows it
     assert row["version"] == got["token"] and row["expiresAt"] == got["expiresAt"]
     [put] = shard.records
-    assert put.value == {"owner": "cron-7"}  # the log holds the row as it is
+    assert put.value == "cron-7"  # the log carries the owner alone; replay makes the row's object
 
 
 def test_an_acquire_without_an_owner_stores_a_null_owner_and_answers_it():
@@ -370,9 +370,10 @@ def test_a_failed_guard_answers_the_rows_current_value_with_its_owner_and_its_ve
     assert check["applied"] is False and check["value"] == {"owner": "a"} and check["version"] == renewed["token"]
 
 
-def test_a_permit_row_of_an_older_build_holding_the_owner_itself_is_replayed_as_the_object():
-    """Builds before the object form logged a permit's value as the owner string (or null): replay
-    wraps it, so every reader finds the owner and the same owner may renew and acquire again."""
+def test_a_log_of_owner_strings_as_older_builds_wrote_it_replays_into_permit_rows_holding_the_object():
+    """A permit's put carries its owner (a string, or null), as every build's log holds it: replay
+    makes the row's object, so every reader finds the owner and the same owner may renew and
+    acquire again."""
     expires_at_ms = T0 + 30_000
     old = [rec.Put(LOCKS_NS, "job#0", "keeper", 7, 7, T0, T0, expires_at_ms),
            rec.Put(LOCKS_NS, "nobody#0", None, 8, 8, T0, T0, expires_at_ms),
@@ -390,9 +391,23 @@ def test_a_permit_row_of_an_older_build_holding_the_owner_itself_is_replayed_as_
         assert shard.acquire(owner="keeper")["already"] is True
         renewed = shard.renew({"name": "job", "slot": 0, "token": 7}, owner="keeper", now_ms=T0 + 1000)
         assert renewed["renewed"] is True and renewed["fence"] == 7
-        assert shard.records[-1].value == {"owner": "keeper"}  # the renew logs the object form
+        assert shard.records[-1].value == "keeper"  # the renew logs the owner, as the older build did
         tenant = parse_lock_op({"op": "get", "name": "job"}, 0, LIMITS)
         tenant.ns = "acme\x1f" + LOCKS_NS
         [(_, _, held)] = shard.step(Ops(0, [(object(), 0, tenant)]), T0)
         assert held["holders"][0]["owner"] == "tenant-keeper"
     assert replays[0] == replays[1]
+
+
+def test_a_snapshot_carries_each_permits_owner_and_loads_back_into_the_same_rows():
+    shard = Shard()
+    shard.acquire(owner="cron-7")
+    shard.acquire("other", limit=2)
+    sections = shard.state.snapshot_capture()()
+    assert sorted((r.key, r.value) for r in rec.decode(sections["locks"])) == [("job#0", "cron-7"), ("other#0", None)]
+    restored = Shard()
+    for record in rec.decode(sections["locks"]):
+        restored.state.replay(record)
+    rows = shard.state.shards[0].kv.tables[LOCKS_NS].rows
+    assert restored.state.shards[0].kv.tables[LOCKS_NS].rows == rows
+    assert value_of(kv(restored, {"op": "get", "ns": LOCKS_NS, "key": "other#0"})["value"]) == {"owner": None}

@@ -512,7 +512,8 @@ def test_a_pop_after_recovery_from_a_snapshot_gives_each_message_once(tmp_path):
 
 
 def with_owner_strings(records):
-    """The flat records as builds before the permit object wrote them: a permit's value the owner."""
+    """The flat records as builds before the permit object wrote them: a permit's put carrying its
+    owner. (This build writes them so too; rewriting keeps the test true if that ever changes.)"""
     flat = []
     for record in records:
         if type(record) is rec.Put and is_locks_ns(record.ns) and type(record.value) is dict:
