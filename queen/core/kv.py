@@ -42,18 +42,13 @@ def is_locks_ns(ns: str) -> bool:
     return ns == LOCKS_NS or ns.endswith(_LOCKS_NS_OF_A_TENANT)
 
 
-def permit_value(owner: object) -> dict:
-    """What a lock permit's row holds: its owner (None when the acquire named none) in an object,
-    so a client that reads the row (a failed guard's current value, a KV get) finds `value.owner`.
-    The log keeps the owner alone (a permit's put carries it as its value, as every build wrote
-    it): replay makes the row's object (KvState.replay)."""
-    return {"owner": owner}
-
-
 def permit_json(owner: object) -> bytes:
-    """permit_value(owner) as a permit's row stores it. Every permit row is stored this way (a write
-    and replay alike encode the same one-key object with orjson), so two permits have the same owner
-    exactly when their stored bytes are equal: the lock table compares owners without decoding."""
+    """What a lock permit's row holds, as stored: its owner (None when the acquire named none) in
+    the object `{"owner": ...}`, so a client that reads the row (a failed guard's current value, a
+    KV get) finds `value.owner`. The log keeps the owner alone (a permit's put carries it as its
+    value, as every build wrote it); a write and replay alike store this encoding of it, so two
+    permits have the same owner exactly when their stored values are equal bytes: the lock table
+    compares owners without decoding."""
     return orjson.dumps({"owner": owner})
 
 
@@ -534,7 +529,7 @@ class KvState:
     def write(self, ns: str, key: str, logged: object, encoded: bytes, ttl_ms: int, old: Row | None, now_ms: int,
               records: list) -> Row:
         """Store a new version of (ns, key): its stored JSON `encoded` (the caller built it once),
-        `logged` what its put record carries (for a lock permit, its owner: see permit_value); `old`
+        `logged` what its put record carries (for a lock permit, its owner: see permit_json); `old`
         is its live row (as live_view or live_permit read it) or None. The row answered holds
         `encoded`, as live_permit reads it."""
         version = self.versions.next()
@@ -736,7 +731,7 @@ class KvState:
             old = table.rows.get(key)
             if old is None:
                 table.note_insert(key)
-            # A permit's put carries its owner; its row holds the owner's object (permit_value).
+            # A permit's put carries its owner; its row holds the owner's object (permit_json).
             encoded = permit_json(record.value) if is_locks_ns(ns) else _dumps(record.value, default=json_default)
             packed = table.rows[key] = _pack_head(*record[3:]) + encoded
             if table.usage is not None:

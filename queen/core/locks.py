@@ -2,7 +2,7 @@
 built on KvState and nothing else.
 
 A permit is the row `queen-locks / <name>#<slot>`: its value the object `{"owner": <owner>}`
-(kv.permit_value: a client reading the row finds `value.owner`; the log's put carries the owner
+(kv.permit_json: a client reading the row finds `value.owner`; the log's put carries the owner
 alone), its TTL the lease, its version the token, its create_version the fence (the token at
 acquire, kept across renewals). The table reads permits with kv.live_permit: a Row whose value is
 the stored JSON, compared to an operation's permit_json (built once per operation) to recognise

@@ -339,7 +339,7 @@ class Router:
         items = []
         for item in page["items"]:
             name, _, slot = item["key"].rpartition("#")
-            owner = value_of(item["value"])["owner"]  # the row's value is {"owner": ...} (kv.permit_value)
+            owner = value_of(item["value"])["owner"]  # the row's value is {"owner": ...} (kv.permit_json)
             items.append({"name": name, "slot": int(slot), "owner": owner, "token": item["version"],
                           "fence": item["createVersion"], "since": item["createdAt"],
                           "renewedAt": item["updatedAt"], "expiresAt": item["expiresAt"]})
