@@ -1,4 +1,5 @@
-"""Recovery against real files: what a crash can leave is repaired, what it cannot is refused.
+"""Recovery against real files: what a crash can leave is repaired, what it cannot is refused, and
+what an older build wrote is read.
 
 Each test writes a WAL with a real in-process Server, damages the files the way a crash or a bad
 disk would, and starts a Server on them again. The writes run on one shard, so each sequential
@@ -523,7 +524,7 @@ def with_owner_strings(records):
 
 
 def rewrite_segments_as_an_older_build(data_dir) -> int:
-    """Every frame of every segment re-encoded with owner strings; how many permit rows it changed."""
+    """Every frame of every segment re-encoded with owner strings; how many permit puts they hold."""
     changed = 0
     for seq in segments_in(data_dir):
         path = segment_path(data_dir, seq)
