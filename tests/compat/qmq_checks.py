@@ -7,7 +7,9 @@ Run with the interpreter of a venv that has `queen-mq` installed (its import nam
 
 Prints one JSON object: {"passed": [names], "failed": {name: why}}. Every check is one call (or
 a short sequence) of the client's documented API with a yes/no outcome; none reaches around the
-client to the wire. tests/compat/test_queen_mq_client.py runs it and judges the result.
+client to the wire (one times a lock handle's own renewal by running it inside the client's
+transport, on a transaction's way out). tests/compat/test_queen_mq_client.py runs it and judges
+the result.
 """
 
 from __future__ import annotations
