@@ -103,6 +103,30 @@ def lock_cycle(steps: int, ops: int) -> float:
     return _mark("-d") - start
 
 
+def lock_owned_cycle(steps: int, ops: int) -> float:
+    """Seconds for `steps` batches of `ops` acquire+renew+release triples that name their owner and
+    slot, as the SDK's handles send them (parse + apply): every renew and release reads the permit's
+    owner."""
+    from queen.core.locks import LockTable, parse_lock_ops
+    locks = LockTable(KvState(VersionCounter(), T0), T0)
+    acquires = [{"op": "acquire", "name": f"l{i}", "ttlSeconds": 30, "owner": f"host-{i % 7}:4242:5f3c9a1e"}
+                for i in range(ops)]
+    start = _mark("-z")
+    records: list = []
+    for step in range(steps):
+        now = T0 + step
+        granted = [locks.apply(op, now, records) for op in parse_lock_ops(acquires, LIMITS)]
+        renews = [{"op": "renew", "name": a["name"], "slot": g["slot"], "token": g["token"], "ttlSeconds": 30,
+                   "owner": a["owner"]} for a, g in zip(acquires, granted, strict=True)]
+        renewed = [locks.apply(op, now, records) for op in parse_lock_ops(renews, LIMITS)]
+        releases = [{"op": "release", "name": a["name"], "slot": r["slot"], "token": r["token"], "owner": a["owner"]}
+                    for a, r in zip(acquires, renewed, strict=True)]
+        for op in parse_lock_ops(releases, LIMITS):
+            locks.apply(op, now, records)
+        records.clear()
+    return _mark("-d") - start
+
+
 def http_parse(steps: int, ops: int) -> float:
     """Seconds for `steps * ops` parses of a plain POST request."""
     from queen.config import Config
@@ -218,6 +242,7 @@ def txn_step(steps: int, ops: int) -> float:
 
 
 DRIVERS = {"kv-put": kv_put, "kv-get": kv_get, "kv-get-answer": kv_get_answer, "lock-cycle": lock_cycle,
+           "lock-owned-cycle": lock_owned_cycle,
            "http-parse": http_parse, "queue-push": queue_push, "queue-cycle": queue_cycle, "txn-step": txn_step}
 
 

@@ -10,7 +10,8 @@ clock without a renewal getting through):
     An answer that arrives after the deadline does not bring it back: the permit may have been
     someone else's in between, and whoever read `token` meanwhile was told it was gone.
   - A renewal answered `lost` makes it LOST("renew") at once; a guarded transaction that found
-    another holder, LOST("guard").
+    another holder, LOST("guard"). One that found the permit still ours at a later token (our own
+    renewal landed, its answer lost) takes that token and keeps the deadline.
   - The token is reported only while HELD and before the deadline: never a token we may not hold.
   - Renewal is due a third of the lifetime after the request that last extended it.
 
@@ -75,6 +76,16 @@ class Lease:
         self.token = token
         self.deadline = max(self.deadline, sent_at + self.ttl_s)
         self.renew_at = max(self.renew_at, sent_at + self.ttl_s * RENEW_FRACTION)
+        return True
+
+    def renewed_unseen(self, token: int, now: float) -> bool:
+        """The broker holds the permit for us at a later token (a renewal of ours landed and its
+        answer was lost: the permit's row still names our owner). Take the token; the deadline stays
+        where our own clock put it, since when that renewal was sent is not known. False if the
+        permit is no longer held or the token is not a later one."""
+        if self.expire_if_due(now) or self.state is not State.HELD or token <= self.token:
+            return False
+        self.token = token
         return True
 
     def lose(self, reason: LostReason) -> bool:

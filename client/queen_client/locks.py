@@ -189,6 +189,10 @@ class Lock:
         """Until when (event loop clock) the permit is ours at the latest, unless renewed."""
         return self._lease.deadline if self._lease.state is State.HELD else None
 
+    def _renewed_unseen(self, token: int) -> bool:
+        """A guarded commit found the permit still ours at a later token: take it (see Lease)."""
+        return self._lease.renewed_unseen(token, self._now())
+
     # -- loss --------------------------------------------------------------------------------------
 
     def on_lost(self, callback: Callable[[str], object]) -> Callable[[str], object]:

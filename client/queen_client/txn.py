@@ -14,7 +14,9 @@ Sections on `POST /api/v1/transaction`: `kv` (the locks' guards first, then your
 lock was taken over, an ack whose lease expired (the consumer was paused and its partition went to
 another), a push beyond capacity. The first miss is the answer (`success` False, `reason`,
 `failed_section`, `failed_index`), and nothing of the step exists. A lost lock is told
-(on_lost("guard")) before commit() returns.
+(on_lost("guard")) before commit() returns. A guard that missed only because the handle's own
+renewal landed with its answer lost (the permit's row, `{"owner": ...}`, still names the handle's
+owner) is no loss: the handle takes the row's token and the step is sent again.
 
 A message acked in a transaction is settled by it whatever the outcome, so a consumer does not ack
 it again: committed, it is done; not committed, it is left for redelivery when its lease ends (or
@@ -37,6 +39,9 @@ from queen_client.queues import AckResult, Delivery, Message, Push, PushResult, 
 from queen_client.timers import TimerResult, schedule_op
 
 READ_OPS = frozenset(("get", "check"))
+# A guard that lost to its own handle's renewal is sent again with the row's token; each attempt
+# holds the handle's renewals off (_TokenGate), so one retry is what it takes: the bound is for safety.
+OWN_RENEWAL_RETRIES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,18 +200,42 @@ class Transaction:
                 document["next"] = self._next
                 safe = False  # a pop: sent again, it would take a second lease
                 timeout_s = self._transport.timeout_s + self._next.get("waitMs", 0) / 1000
-            try:
-                answer = await self._transport.call("POST", "/api/v1/transaction", document, safe=safe,
-                                                    timeout_s=timeout_s)
-            finally:
-                for message in self._messages:
-                    message.settled = True
+            for _ in range(OWN_RENEWAL_RETRIES + 1):
+                try:
+                    answer = await self._transport.call("POST", "/api/v1/transaction", document, safe=safe,
+                                                        timeout_s=timeout_s)
+                finally:
+                    for message in self._messages:
+                        message.settled = True
+                index = self._lost_to_own_renewal(answer, len(guards))
+                if index is None:
+                    break
+                # Nothing of the step was applied: sent again with the token the row holds, it is the
+                # same step.
+                guards[index] = self._locks[index].guard
+                document["kv"] = guards + self._ops
             result = self._result(answer, len(guards))
             if answer.get("next") is not None:
                 queue = self._client.queue(self._next["queue"]) if self._client is not None else None
                 delivery = queue._delivery(answer["next"]) if queue is not None else None
                 result = dataclasses.replace(result, next=delivery)
             return result
+
+    def _lost_to_own_renewal(self, answer: dict, guard_count: int) -> int | None:
+        """The index of the guard that missed only because a renewal of its own handle moved the
+        token (it landed, its answer was lost): the permit's row, `{"owner": ...}`, still names the
+        handle's owner, at a later token the handle now takes. None for any other answer."""
+        failed = answer.get("failed") or {}
+        index = failed.get("index")
+        if (answer.get("success") or failed.get("section") != "kv" or failed.get("reason") != "version"
+                or type(index) is not int or not 0 <= index < guard_count):
+            return None
+        current = failed.get("current") or {}
+        value = current.get("value")
+        lock = self._locks[index]
+        if type(value) is not dict or value.get("owner") != lock.owner:
+            return None
+        return index if lock._renewed_unseen(current.get("version", 0)) else None
 
     def _result(self, answer: dict, guard_count: int) -> TxnResult:
         if answer.get("success"):

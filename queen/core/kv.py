@@ -40,6 +40,21 @@ _LOCKS_NS_OF_A_TENANT = SEPARATOR + LOCKS_NS
 def is_locks_ns(ns: str) -> bool:
     """Whether a stored namespace holds lock permits: the default tenant's or another's."""
     return ns == LOCKS_NS or ns.endswith(_LOCKS_NS_OF_A_TENANT)
+
+
+def permit_json(owner: object) -> bytes:
+    """What a lock permit's row holds, as stored: its owner (None when the acquire named none) in
+    the object `{"owner": ...}`, so a client that reads the row (a failed guard's current value, a
+    KV get) finds `value.owner`. The log keeps the owner alone (a permit's put carries it as its
+    value, as every build wrote it); a write and replay alike store this encoding of it, so two
+    permits have the same owner exactly when their stored values are equal bytes: the lock table
+    compares owners without decoding."""
+    return orjson.dumps({"owner": owner})
+
+
+NO_OWNER_JSON = permit_json(None)
+
+
 PAGE_ITEMS_DEFAULT = 100
 
 
@@ -466,6 +481,15 @@ class KvState:
         """live_row read out into its fields."""
         return unpack_row(self.live_row(ns, key, now_ms))
 
+    def live_permit(self, ns: str, key: str, now_ms: int) -> Row | None:
+        """live_row read out into its fields, its value left as the stored JSON (bytes): a lock
+        permit's, compared as bytes (permit_json) and decoded only to be shown."""
+        packed = self.live_row(ns, key, now_ms)
+        if packed is None:
+            return None
+        version, create_version, created_at_ms, updated_at_ms, expires_at_ms = _head_of(packed)
+        return Row(packed[HEAD_BYTES:], version, create_version, created_at_ms, updated_at_ms, expires_at_ms)
+
     def _store(self, ns: str, key: str, packed: bytes, expires_at_ms: int) -> None:
         table = self.tables.get(ns)
         if table is None:
@@ -502,20 +526,28 @@ class KvState:
             self._store_version(ns, key, value, ttl_ms, version, create_version, created_at_ms, now_ms, records)
         return version
 
-    def write(self, ns: str, key: str, value, ttl_ms: int, old: Row | None, now_ms: int, records: list) -> Row:
-        """Store a new version of (ns, key); `old` is its live row (as live_view reads it) or None."""
+    def write(self, ns: str, key: str, logged: object, encoded: bytes, ttl_ms: int, old: Row | None, now_ms: int,
+              records: list) -> Row:
+        """Store a new version of (ns, key): its stored JSON `encoded` (the caller built it once),
+        `logged` what its put record carries (for a lock permit, its owner: see permit_json); `old`
+        is its live row (as live_view or live_permit read it) or None. The row answered holds
+        `encoded`, as live_permit reads it."""
         version = self.versions.next()
         create_version = version if old is None else old.create_version
         created_at_ms = now_ms if old is None else old.created_at_ms
-        expires_at_ms = self._store_version(ns, key, value, ttl_ms, version, create_version, created_at_ms, now_ms, records)
-        return Row(value, version, create_version, created_at_ms, now_ms, expires_at_ms)
+        expires_at_ms = self._store_version(ns, key, logged, ttl_ms, version, create_version, created_at_ms, now_ms,
+                                            records, encoded)
+        return Row(encoded, version, create_version, created_at_ms, now_ms, expires_at_ms)
 
     def _store_version(self, ns: str, key: str, value: object, ttl_ms: int, version: int, create_version: int,
-             created_at_ms: int, now_ms: int, records: list) -> int:
-        """Pack, store and log one row's new version; its expiry (0: none)."""
+             created_at_ms: int, now_ms: int, records: list, encoded: bytes | None = None) -> int:
+        """Pack, store and log one row's new version (encoded: its stored JSON, when the caller has
+        it; value is then what the put record carries); its expiry (0: none)."""
         expires_at_ms = now_ms + ttl_ms if ttl_ms else 0
-        self._store(ns, key, _pack_head(version, create_version, created_at_ms, now_ms, expires_at_ms)
-                    + _dumps(value, default=json_default), expires_at_ms)
+        if encoded is None:
+            encoded = _dumps(value, default=json_default)
+        self._store(ns, key, _pack_head(version, create_version, created_at_ms, now_ms, expires_at_ms) + encoded,
+                    expires_at_ms)
         rec.put(records, ns, key, value, version, create_version, created_at_ms, now_ms, expires_at_ms)
         return expires_at_ms
 
@@ -699,7 +731,9 @@ class KvState:
             old = table.rows.get(key)
             if old is None:
                 table.note_insert(key)
-            packed = table.rows[key] = _pack_head(*record[3:]) + _dumps(record.value, default=json_default)
+            # A permit's put carries its owner; its row holds the owner's object (permit_json).
+            encoded = permit_json(record.value) if is_locks_ns(ns) else _dumps(record.value, default=json_default)
+            packed = table.rows[key] = _pack_head(*record[3:]) + encoded
             if table.usage is not None:
                 _count(table.usage, key, old, packed)
             if record.expires_at_ms:
@@ -733,10 +767,13 @@ def _count(usage: Usage, key: str, old: bytes | None, new: bytes | None) -> None
 
 
 def snapshot_records(copies: list, kv: list, locks: list) -> None:
-    """Append a put record per row of snapshot_copy()'s copies: lock permits to `locks`, every
-    other row to `kv`."""
+    """Append a put record per row of snapshot_copy()'s copies: lock permits to `locks` (each
+    carrying its owner, as the log does), every other row to `kv`."""
     put = rec.put
     for ns, rows in copies:
-        out = locks if is_locks_ns(ns) else kv
+        if is_locks_ns(ns):
+            for key, packed in rows.items():
+                put(locks, ns, key, _loads(packed[HEAD_BYTES:])["owner"], *_head_of(packed))
+            continue
         for key, packed in rows.items():
-            put(out, ns, key, decode_value(packed), *_head_of(packed))
+            put(kv, ns, key, decode_value(packed), *_head_of(packed))

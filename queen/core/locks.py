@@ -1,8 +1,12 @@
 """Locks and semaphores as KV rows: parsing of lock operations, and the lock operations of one shard,
 built on KvState and nothing else.
 
-A permit is the row `queen-locks / <name>#<slot>`: its value is the owner, its TTL the lease, its
-version the token, its create_version the fence (the token at acquire, kept across renewals).
+A permit is the row `queen-locks / <name>#<slot>`: its value the object `{"owner": <owner>}`
+(kv.permit_json: a client reading the row finds `value.owner`; the log's put carries the owner
+alone), its TTL the lease, its version the token, its create_version the fence (the token at
+acquire, kept across renewals). The table reads permits with kv.live_permit: a Row whose value is
+the stored JSON, compared to an operation's permit_json (built once per operation) to recognise
+its owner, and decoded only to be shown.
 acquire = putIfAbsent on the first free slot, renew = put with expect, release = delete with
 expect. All slots of a name hash to one shard, so an acquire with a free permit never fails for
 contention, and waiters of a name queue on that shard.
@@ -26,9 +30,22 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import cast
+
+import orjson
 
 from queen.core import names
-from queen.core.kv import LOCKS_NS, KvState, Row, check_fields, fail, integer, is_locks_ns
+from queen.core.kv import (
+    LOCKS_NS,
+    NO_OWNER_JSON,
+    KvState,
+    Row,
+    check_fields,
+    fail,
+    integer,
+    is_locks_ns,
+    permit_json,
+)
 from queen.core.limits import INT64_MAX, Limits
 from queen.core.outcomes import LockReason
 from queen.core.wheel import TimingWheel
@@ -47,7 +64,7 @@ FIELDS = {
 
 
 class LockOp:
-    __slots__ = ("op", "name", "ns", "ttl_ms", "owner", "limit", "wait_ms", "slot", "token")
+    __slots__ = ("op", "name", "ns", "ttl_ms", "owner", "limit", "wait_ms", "slot", "token", "encoded")
 
     def __init__(self, op: str, name: str):
         self.op = op
@@ -61,6 +78,7 @@ class LockOp:
         self.wait_ms = 0
         self.slot: int | None = 0  # a renew or release may leave it out: the token's permit
         self.token = 0
+        self.encoded: bytes | None = None  # permit_json(owner), once the table needed it (encoded_owner)
 
 
 _TTL_OPS = frozenset(("acquire", "renew"))
@@ -154,8 +172,21 @@ def guard(key: str, token: int) -> dict:
     return {"op": "check", "ns": LOCKS_NS, "key": key, "expect": token, "required": True}
 
 
+def encoded_owner(op: LockOp) -> bytes:
+    """The value a permit of op's owner holds, as stored: built once per operation."""
+    encoded = op.encoded
+    if encoded is None:
+        encoded = op.encoded = permit_json(op.owner)
+    return encoded
+
+
+def owner_of(row: Row) -> str | None:
+    """The owner a permit's row holds (its value as live_permit reads it: permit_json's bytes)."""
+    return orjson.loads(cast(bytes, row.value))["owner"]
+
+
 def holder(slot: int, row: Row) -> dict:
-    return {"slot": slot, "owner": row.value, "token": row.version, "fence": row.create_version,
+    return {"slot": slot, "owner": owner_of(row), "token": row.version, "fence": row.create_version,
             "since": row.created_at_ms, "renewedAt": row.updated_at_ms, "expiresAt": row.expires_at_ms}
 
 
@@ -219,8 +250,8 @@ class LockTable:
         return self.get(op, now_ms)
 
     def _rows(self, ns: str, name: str, limit: int, now_ms: int) -> list:
-        live_view = self.kv.live_view
-        return [live_view(ns, permit_key(name, slot), now_ms) for slot in range(limit)]
+        live_permit = self.kv.live_permit
+        return [live_permit(ns, permit_key(name, slot), now_ms) for slot in range(limit)]
 
     def acquire(self, op: LockOp, now_ms: int, records: list) -> dict:
         kv = self.kv
@@ -233,34 +264,37 @@ class LockTable:
         owner = op.owner
         if op.limit == 1:  # the common case, without the lists
             key = name + "#0"
-            row = kv.live_view(ns, key, now_ms)
+            row = kv.live_permit(ns, key, now_ms)
             if row is None:
                 if line not in waiters:
-                    return self._granted(name, 0, key, kv.write(ns, key, owner, op.ttl_ms, None, now_ms, records))
-            elif owner is not None and row.value == owner:
-                return self._granted(name, 0, key, row, already=True)
+                    row = kv.write(ns, key, owner, encoded_owner(op), op.ttl_ms, None, now_ms, records)
+                    return self._granted(name, 0, key, row, owner)
+            elif owner is not None and row.value == encoded_owner(op):
+                return self._granted(name, 0, key, row, owner, already=True)
             return {"name": name, "acquired": False, "reason": LockReason.HELD,
                     "holders": [] if row is None else [holder(0, row)]}
         keys = [f"{name}#{slot}" for slot in range(permits(op))]
-        live_view = kv.live_view
-        rows = [live_view(ns, key, now_ms) for key in keys]
+        live_permit = kv.live_permit
+        rows = [live_permit(ns, key, now_ms) for key in keys]
         if owner is not None:
+            mine = encoded_owner(op)
             for slot, row in enumerate(rows):
-                if row is not None and row.value == owner:
-                    return self._granted(name, slot, keys[slot], row, already=True)
+                if row is not None and row.value == mine:
+                    return self._granted(name, slot, keys[slot], row, owner, already=True)
         if line not in waiters:  # first come first served: a free permit belongs to the oldest waiter
             for slot, row in enumerate(rows):
                 if row is None:
-                    row = kv.write(ns, keys[slot], owner, op.ttl_ms, None, now_ms, records)
-                    return self._granted(name, slot, keys[slot], row)
+                    row = kv.write(ns, keys[slot], owner, encoded_owner(op), op.ttl_ms, None, now_ms, records)
+                    return self._granted(name, slot, keys[slot], row, owner)
         return {"name": name, "acquired": False, "reason": LockReason.HELD,
                 "holders": [holder(slot, row) for slot, row in enumerate(rows) if row is not None]}
 
     @staticmethod
-    def _granted(name: str, slot: int, key: str, row: Row, already: bool = False) -> dict:
+    def _granted(name: str, slot: int, key: str, row: Row, owner: str | None, already: bool = False) -> dict:
+        """The answer to an acquire granted row; owner is the acquire's, the row's owner too."""
         version = row.version
         result = {"name": name, "acquired": True, "slot": slot, "token": version, "fence": row.create_version,
-                  "owner": row.value, "expiresAt": row.expires_at_ms, "guard": guard(key, version)}
+                  "owner": owner, "expiresAt": row.expires_at_ms, "guard": guard(key, version)}
         if already:
             result["already"] = True
         return result
@@ -329,9 +363,10 @@ class LockTable:
             queue.popleft()
             self.deadlines.remove(waiter)
             key = permit_key(name, free)
-            row = self.kv.write(ns, key, waiter.op.owner, waiter.op.ttl_ms, None, now_ms, records)
+            owner = waiter.op.owner
+            row = self.kv.write(ns, key, owner, encoded_owner(waiter.op), waiter.op.ttl_ms, None, now_ms, records)
             self.acquires["granted"] += 1
-            self.resolved.append((waiter.reply_to, waiter.position, self._granted(name, free, key, row)))
+            self.resolved.append((waiter.reply_to, waiter.position, self._granted(name, free, key, row, owner)))
         if queue is not None and not queue:
             del self.waiters[line]
 
@@ -401,7 +436,7 @@ class LockTable:
         if table is not None:
             prefix = name + "#"
             for key in list(table.sorted_keys().irange(prefix, prefix + "\uffff")):
-                row = kv.live_view(ns, key, now_ms)
+                row = kv.live_permit(ns, key, now_ms)
                 if row is not None:
                     permits.append((int(key[len(prefix):]), row))
         permits.sort(key=lambda permit: permit[0])
@@ -411,17 +446,20 @@ class LockTable:
         kv = self.kv
         slot = self._slot_of(op, now_ms)
         key = permit_key(op.name, slot)
-        row = kv.live_view(op.ns, key, now_ms)
+        row = kv.live_permit(op.ns, key, now_ms)
         if row is None or not self._holds(op, row):
             return {"name": op.name, "renewed": False, "reason": LockReason.LOST}
-        row = kv.write(op.ns, key, row.value, op.ttl_ms, row, now_ms, records)
+        encoded = cast(bytes, row.value)  # the permit keeps its owner, and so its stored value
+        # The owner for the log: op's when the row is of op's owner (known without decoding).
+        owner = op.owner if op.owner is not None and encoded == encoded_owner(op) else owner_of(row)
+        row = kv.write(op.ns, key, owner, encoded, op.ttl_ms, row, now_ms, records)
         return {"name": op.name, "renewed": True, "slot": slot, "token": row.version, "fence": row.create_version,
                 "expiresAt": row.expires_at_ms, "guard": guard(key, row.version)}
 
     def release(self, op: LockOp, now_ms: int, records: list) -> dict:
         kv = self.kv
         key = permit_key(op.name, self._slot_of(op, now_ms))
-        row = kv.live_view(op.ns, key, now_ms)
+        row = kv.live_permit(op.ns, key, now_ms)
         if row is None:
             return {"name": op.name, "released": False, "reason": LockReason.ABSENT}
         if not self._holds(op, row):
@@ -438,11 +476,11 @@ class LockTable:
         (its earlier renew landed but the answer was lost): same owner, same holder."""
         if row is None:
             return False
-        if op.owner is not None and row.value is not None and row.value != op.owner:
-            return False
-        if row.version == op.token:
-            return True
-        return op.owner is not None and row.value == op.owner and row.create_version <= op.token < row.version
+        if op.owner is None:
+            return row.version == op.token
+        if row.value == encoded_owner(op):  # the same owner
+            return row.version == op.token or row.create_version <= op.token < row.version
+        return row.value == NO_OWNER_JSON and row.version == op.token  # no owner: the token alone; another: never
 
     def get(self, op: LockOp, now_ms: int) -> dict:
         holders = [holder(slot, row) for slot, row in self._permits(op.ns, op.name, now_ms)

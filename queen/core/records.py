@@ -43,7 +43,9 @@ encoding"), and a frame holds hundreds of records.
 | 46   | pending_schedules | queue, keys, lengths, packed                                               | no (snapshots)  |
 
 - put: the row (ns, key) now holds value at version; expires_at_ms 0 = forever. Lock permits are
-  rows of the namespace `queen-locks` (their value is the owner).
+  rows of the namespace `queen-locks` (of a tenant's, too): a permit's put carries its owner (a
+  string, or null when the acquire named none) as value, and the row holds `{"owner": value}`
+  (queen/core/kv.py, permit_json). The log keeps the owner alone, as every build wrote it.
 - delete: the row (ns, key) is gone; the delete takes a version so the counter survives in the log.
 - ceiling: no version up to version_max may be handed out again after a restart. The writer puts
   one on disk before any frame whose versions come near the last one, so a restart can always

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import trio
 
-from queen.core.kv import LOCKS_NS, VERSIONS_WRITABLE_MAX, KvOp, encode_cursor
+from queen.core.kv import LOCKS_NS, VERSIONS_WRITABLE_MAX, KvOp, encode_cursor, value_of
 from queen.core.locks import LockOp
 from queen.core.outcomes import Refusal
 from queen.core.placement import (
@@ -341,7 +341,8 @@ class Router:
         items = []
         for item in page["items"]:
             name, _, slot = item["key"].rpartition("#")
-            items.append({"name": name, "slot": int(slot), "owner": item["value"], "token": item["version"],
+            owner = value_of(item["value"])["owner"]  # the row's value is {"owner": ...} (kv.permit_json)
+            items.append({"name": name, "slot": int(slot), "owner": owner, "token": item["version"],
                           "fence": item["createVersion"], "since": item["createdAt"],
                           "renewedAt": item["updatedAt"], "expiresAt": item["expiresAt"]})
         return {"items": items, "cursor": page["cursor"]}

@@ -397,6 +397,33 @@ async def test_guarded_commits_racing_renewals_never_fail_on_our_own_renewal(tmp
             assert len(tokens) > 30 and lock.held
 
 
+async def test_a_guard_lost_only_to_our_own_renewal_whose_answer_was_lost_commits_with_the_rows_token(
+        tmp_path, autojump_clock):
+    """A renewal of ours that landed with its answer lost leaves the handle with the old token. The
+    failed guard's row still names our owner ({"owner": ...}): the permit is ours, so the step is
+    sent again with the row's token instead of being reported as a lost lock."""
+    async with open_server(tmp_path / "data") as server, queen_client.Client(f"http://127.0.0.1:{server.port}") as client:
+        lock = client.lock("ledger", ttl="30s")
+        reasons = []
+        lock.on_lost(reasons.append)
+        assert await lock.acquire()
+        stale = lock.token
+        # The renewal as the server saw it; its answer never reached the handle.
+        [landed] = await HttpClient(server.port).locks({"op": "renew", "name": "ledger", "slot": lock.slot,
+                                                        "token": stale, "ttlSeconds": 30, "owner": lock.owner})
+        assert landed["renewed"] and landed["token"] > stale
+        result = await client.transaction().guard(lock).kv.put("ledger", "row", 1, ttl=60).commit()
+        assert result.success, result
+        assert reasons == [] and lock.held and lock.token == landed["token"]
+        assert (await client.kv.get("ledger", "row")).value == 1
+        # Another holder's row is still a lost lock.
+        await HttpClient(server.port).locks({"op": "release", "name": "ledger", "slot": 0, "token": lock.token})
+        assert await client.lock("ledger", ttl="30s").acquire()
+        refused = await client.transaction().guard(lock).kv.put("ledger", "row", 2, ttl=60).commit()
+        assert not refused.success and refused.failed_lock == "ledger" and reasons == ["guard"]
+        assert refused.current.value["owner"] != lock.owner
+
+
 async def test_keep_alive_renews_from_the_loop_when_no_background_task_may_run(tmp_path, autojump_clock):
     async with open_server(tmp_path / "data") as server:
         client = queen_client.Client(f"http://127.0.0.1:{server.port}")  # not entered: no task group

@@ -58,6 +58,15 @@ def test_a_renewal_answered_lost_loses_it_at_once_with_reason_renew():
     assert lease.lost_reason == LostReason.RENEW and lease.token_at(100.0) is None
 
 
+def test_a_renewal_seen_only_in_the_permits_row_takes_its_token_and_keeps_the_deadline():
+    lease = held(sent_at=100.0)
+    assert lease.renewed_unseen(token=9, now=105.0)
+    assert lease.token_at(105.0) == 9 and lease.deadline == 130.0 and lease.renew_at == 110.0
+    assert not lease.renewed_unseen(token=9, now=106.0) and not lease.renewed_unseen(token=8, now=106.0)
+    assert not lease.renewed_unseen(token=11, now=130.0)  # past the deadline: lost, not taken back
+    assert lease.state is State.LOST and lease.lost_reason == LostReason.EXPIRED and lease.token == 9
+
+
 def test_a_released_lease_reports_no_token_and_cannot_be_lost():
     lease = held()
     lease.released()

@@ -7,7 +7,9 @@ Run with the interpreter of a venv that has `queen-mq` installed (its import nam
 
 Prints one JSON object: {"passed": [names], "failed": {name: why}}. Every check is one call (or
 a short sequence) of the client's documented API with a yes/no outcome; none reaches around the
-client to the wire. tests/compat/test_queen_mq_client.py runs it and judges the result.
+client to the wire (one times a lock handle's own renewal by running it inside the client's
+transport, on a transaction's way out). tests/compat/test_queen_mq_client.py runs it and judges
+the result.
 """
 
 from __future__ import annotations
@@ -255,6 +257,39 @@ async def txn_guard(client):
     ns = name("txn")
     result = await client.transaction().guard(lock).kv.put(ns, "guarded", 1, ttl_seconds=60).commit()
     assert result
+    await lock.release()
+
+
+@check
+async def txn_guard_lost_to_the_handles_own_renewal_commits_on_retry(client):
+    # The client reads the failed guard's row value as {"owner": ...}: its own owner there means
+    # its own renewal moved the token, so it sends the bundle again with the new one. The renewal
+    # is made to land exactly between the body's build and its judgement by running it first
+    # inside the client's own transport, on the transaction's way out (once).
+    lock = client.lock(name("own-renewal"), ttl_seconds=30)
+    lost = []
+    lock.on_lost(lost.append)
+    assert await lock.acquire()
+    stale_token = lock.token
+    http = client._http_client
+    post = http.post
+    renewed_first = []
+
+    async def renew_then_post(path, body=None, *args, **kwargs):
+        if path == "/api/v1/transaction" and not renewed_first:
+            renewed_first.append(await lock.renew())
+        return await post(path, body, *args, **kwargs)
+
+    http.post = renew_then_post
+    try:
+        ns = name("txn")
+        result = await client.transaction().guard(lock).kv.put(ns, "after-renewal", 1, ttl_seconds=60).commit()
+    finally:
+        del http.post
+    assert renewed_first == [True] and lock.token != stale_token
+    assert result, result
+    assert lost == [] and lock.held
+    assert (await client.kv.get(ns, "after-renewal")).get("value") == 1
     await lock.release()
 
 

@@ -1,10 +1,11 @@
 """Locks and semaphores over KV rows, pure: now_ms is passed in. Everything goes through the one
 entry point, State.apply, as the server does."""
 
+import orjson
 import pytest
 
 from queen.core import records as rec
-from queen.core.kv import LOCKS_NS, parse_kv_op
+from queen.core.kv import LOCKS_NS, parse_kv_op, value_of
 from queen.core.limits import Limits
 from queen.core.locks import PLACE_KEPT_MS, parse_lock_op, parse_lock_ops
 from queen.core.state import Abandon, Ops, State, Tick, Transaction
@@ -316,3 +317,97 @@ def test_a_permit_that_expired_before_the_tick_goes_to_the_waiter_not_to_a_newco
     newcomer = shard.acquire(owner="n", now_ms=T0 + 1010)  # expired, and no tick has run yet
     assert newcomer["reason"] == "held" and [h["owner"] for h in newcomer["holders"]] == ["w"]
     assert [(t, r["owner"]) for t, r in shard.answered] == [("ticket", "w")]
+
+
+# -- the permit's row ---------------------------------------------------------------------------------
+
+def kv(shard, raw, now_ms=T0):
+    """One KV operation on the shard (reads of queen-locks allowed, as the KV route allows them)."""
+    [(_, _, answer)] = shard.step(Ops(0, [(object(), 0, parse_kv_op(raw, 0, LIMITS, allow_reserved=True))]), now_ms)
+    return answer
+
+
+def test_a_permits_row_holds_its_owner_as_an_object_with_the_token_as_version_and_the_lease_as_ttl():
+    shard = Shard()
+    got = shard.acquire(owner="cron-7")
+    row = kv(shard, {"op": "get", "ns": LOCKS_NS, "key": "job#0"})
+    assert value_of(row["value"]) == {"owner": "cron-7"}
+    assert orjson.loads(orjson.dumps(row))["value"] == {"owner": "cron-7"}  # as a JSON answer shows it
+    assert row["version"] == got["token"] and row["expiresAt"] == got["expiresAt"]
+    [put] = shard.records
+    assert put.value == "cron-7"  # the log carries the owner alone; replay makes the row's object
+
+
+def test_an_acquire_without_an_owner_stores_a_null_owner_and_answers_it():
+    shard = Shard()
+    got = shard.acquire()
+    assert got["owner"] is None
+    assert value_of(kv(shard, {"op": "get", "ns": LOCKS_NS, "key": "job#0"})["value"]) == {"owner": None}
+    assert shard.lock(op="get", name="job")["holders"][0]["owner"] is None
+    assert shard.renew(got, owner="anyone")["renewed"] is True  # its token is its only capability
+
+
+def test_an_owner_of_the_longest_length_acquires_and_every_reader_answers_it_whole():
+    shard = Shard()
+    owner = "ö" * 128  # 256 bytes of UTF-8, the limit
+    got = shard.acquire(owner=owner, limit=2)
+    assert got["acquired"] and got["owner"] == owner
+    assert shard.acquire(owner=owner, limit=2)["already"] is True
+    assert shard.lock(op="get", name="job")["holders"][0]["owner"] == owner
+    assert value_of(kv(shard, {"op": "get", "ns": LOCKS_NS, "key": "job#0"})["value"]) == {"owner": owner}
+    assert shard.renew(got, owner=owner)["renewed"] is True
+
+
+def test_a_failed_guard_answers_the_rows_current_value_with_its_owner_and_its_version():
+    shard = Shard()
+    first = shard.acquire(owner="a")
+    renewed = shard.renew(first, owner="a")
+    ops = [parse_kv_op(first["guard"], 0, LIMITS, allow_reserved=True)]
+    [(_, _, answer)] = shard.step(Transaction(ops, "txn"), T0)
+    assert answer["reason"] == "kv_precondition" and answer["failed"]["reason"] == "version"
+    assert answer["failed"]["current"] == {"value": {"owner": "a"}, "version": renewed["token"]}
+    check = kv(shard, first["guard"])  # a check outside a transaction reports the same row
+    assert check["applied"] is False and check["value"] == {"owner": "a"} and check["version"] == renewed["token"]
+
+
+def test_a_log_of_owner_strings_as_older_builds_wrote_it_replays_into_permit_rows_holding_the_object():
+    """A permit's put carries its owner (a string, or null), as every build's log holds it: replay
+    makes the row's object, so every reader finds the owner and the same owner may renew and
+    acquire again."""
+    expires_at_ms = T0 + 30_000
+    old = [rec.Put(LOCKS_NS, "job#0", "keeper", 7, 7, T0, T0, expires_at_ms),
+           rec.Put(LOCKS_NS, "nobody#0", None, 8, 8, T0, T0, expires_at_ms),
+           rec.Put("acme\x1f" + LOCKS_NS, "job#0", "tenant-keeper", 9, 9, T0, T0, expires_at_ms)]
+    replays = []
+    for _ in range(2):  # the same log, the same rows
+        shard = Shard()
+        shard.state.versions.last = 9
+        for record in old:
+            shard.state.replay(record)
+        replays.append([dict(table.rows) for table in shard.state.shards[0].kv.tables.values()])
+        assert value_of(kv(shard, {"op": "get", "ns": LOCKS_NS, "key": "job#0"})["value"]) == {"owner": "keeper"}
+        assert value_of(kv(shard, {"op": "get", "ns": LOCKS_NS, "key": "nobody#0"})["value"]) == {"owner": None}
+        assert shard.lock(op="get", name="job")["holders"][0]["owner"] == "keeper"
+        assert shard.acquire(owner="keeper")["already"] is True
+        renewed = shard.renew({"name": "job", "slot": 0, "token": 7}, owner="keeper", now_ms=T0 + 1000)
+        assert renewed["renewed"] is True and renewed["fence"] == 7
+        assert shard.records[-1].value == "keeper"  # the renew logs the owner, as the older build did
+        tenant = parse_lock_op({"op": "get", "name": "job"}, 0, LIMITS)
+        tenant.ns = "acme\x1f" + LOCKS_NS
+        [(_, _, held)] = shard.step(Ops(0, [(object(), 0, tenant)]), T0)
+        assert held["holders"][0]["owner"] == "tenant-keeper"
+    assert replays[0] == replays[1]
+
+
+def test_a_snapshot_carries_each_permits_owner_and_loads_back_into_the_same_rows():
+    shard = Shard()
+    shard.acquire(owner="cron-7")
+    shard.acquire("other", limit=2)
+    sections = shard.state.snapshot_capture()()
+    assert sorted((r.key, r.value) for r in rec.decode(sections["locks"])) == [("job#0", "cron-7"), ("other#0", None)]
+    restored = Shard()
+    for record in rec.decode(sections["locks"]):
+        restored.state.replay(record)
+    rows = shard.state.shards[0].kv.tables[LOCKS_NS].rows
+    assert restored.state.shards[0].kv.tables[LOCKS_NS].rows == rows
+    assert value_of(kv(restored, {"op": "get", "ns": LOCKS_NS, "key": "other#0"})["value"]) == {"owner": None}

@@ -52,6 +52,40 @@ async def test_paused_holder_is_fenced_out_by_the_guard(tmp_path, autojump_clock
         assert row["value"] == "B"
 
 
+async def test_a_client_tells_a_guard_lost_to_its_own_renewal_by_the_rows_owner_and_commits_again(
+        tmp_path, autojump_clock):
+    """The public JavaScript client's rule: when a guarded commit fails, it reads the permit row's
+    value (the failed check's current value, or a KV get of the row) as `value.owner`. Its own owner
+    there means its own background renew moved the token: it commits again with the row's version.
+    Any other owner means the lock is lost."""
+    async with open_server(tmp_path / "data") as server:
+        client = HttpClient(server.port)
+        [held] = await client.locks(acquire("report", "js-1"))
+        [renewed] = await client.locks({"op": "renew", "name": "report", "slot": 0, "token": held["token"],
+                                        "ttlSeconds": 30, "owner": "js-1"})  # the handle's own renew
+
+        async def commit(guard, value):
+            return await client.request("POST", "/api/v1/transaction", {"kv": [
+                guard, {"op": "put", "ns": "reports", "key": "daily", "value": value, "ttlSeconds": 60}]})
+
+        status, answer = await commit(held["guard"], "first")  # built before the renew landed
+        assert status == 200 and answer["success"] is False and answer["reason"] == "kv_precondition"
+        current = answer["failed"]["current"]
+        assert current == {"value": {"owner": "js-1"}, "version": renewed["token"]}
+        _, row = await client.request("GET", "/api/v1/kv/queen-locks/report%230")
+        assert row["value"] == {"owner": "js-1"} and row["version"] == renewed["token"]
+        status, answer = await commit({**held["guard"], "expect": current["version"]}, "first")  # the retry
+        assert status == 200 and answer["success"] is True
+        assert (await client.request("GET", "/api/v1/kv/reports/daily"))[1]["value"] == "first"
+
+        # Another holder's row tells the lock is lost.
+        await client.locks({"op": "release", "name": "report", "slot": 0, "token": renewed["token"]})
+        [other] = await client.locks(acquire("report", "js-2"))
+        status, answer = await commit(renewed["guard"], "second")
+        assert answer["success"] is False
+        assert answer["failed"]["current"] == {"value": {"owner": "js-2"}, "version": other["token"]}
+
+
 async def test_waiter_is_handed_a_released_lock_at_once(tmp_path, autojump_clock):
     async with open_server(tmp_path / "data") as server:
         holder, waiter = HttpClient(server.port), HttpClient(server.port)
@@ -147,6 +181,7 @@ async def test_admin_listing_pages_every_held_permit(tmp_path, autojump_clock):
         _, page = await client.request("GET", "/api/v1/locks?prefix=sem")
         [item] = page["items"]
         assert set(item) == {"name", "slot", "owner", "token", "fence", "since", "renewedAt", "expiresAt"}
+        assert item["owner"] == "s1"  # the owner itself, not the permit row's object
 
 
 async def test_locks_survive_a_clean_restart_with_owner_token_and_expiry(tmp_path, autojump_clock):

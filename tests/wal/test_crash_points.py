@@ -70,7 +70,7 @@ class Model:
                 elif op["op"] == "delete":
                     rows.pop(("app", op["key"]), None)
         elif kind == "acquire" and self.lock is None:
-            rows[("queen-locks", "job#0")] = argument
+            rows[("queen-locks", "job#0")] = {"owner": argument}  # a permit's row: its owner, in an object
         elif kind == "release" and self.lock is not None:
             rows.pop(("queen-locks", "job#0"), None)
         return rows

@@ -1,4 +1,5 @@
-"""Recovery against real files: what a crash can leave is repaired, what it cannot is refused.
+"""Recovery against real files: what a crash can leave is repaired, what it cannot is refused, and
+what an older build wrote is read.
 
 Each test writes a WAL with a real in-process Server, damages the files the way a crash or a bad
 disk would, and starts a Server on them again. The writes run on one shard, so each sequential
@@ -22,14 +23,15 @@ import zstandard
 
 from queen.cli.serve import EXIT_DATA_REFUSED
 from queen.config import Config
-from queen.core.kv import READ_OPS, parse_kv_ops, value_of
+from queen.core import records as rec
+from queen.core.kv import READ_OPS, is_locks_ns, parse_kv_ops, value_of
 from queen.core.limits import Limits
 from queen.core.locks import parse_lock_ops
 from queen.errors import CorruptLog, UnreadableFormat
 from queen.runtime.server import Server
 from queen.wal.frame import FILE_HEADER, FORMAT_VERSION, FRAME_HEADER, decode_frame, encode_frame
 from queen.wal.segment import CEILING_BLOCK, list_dir, segment_name, snapshot_name
-from queen.wal.snapshot import SNAPSHOT_HEADER, decode_snapshot
+from queen.wal.snapshot import SNAPSHOT_HEADER, decode_snapshot, encode_snapshot
 
 LIMITS = Limits()
 FRAMES = 5
@@ -505,3 +507,84 @@ def test_a_pop_after_recovery_from_a_snapshot_gives_each_message_once(tmp_path):
     finally:
         server.stop()
     assert [m["offset"] for m in answer["messages"]] == [0, 1, 2], answer["messages"]
+
+
+# -- data written by an older build --------------------------------------------------------------
+
+
+def with_owner_strings(records):
+    """The flat records as builds before the permit object wrote them: a permit's put carrying its
+    owner. (This build writes them so too; rewriting keeps the test true if that ever changes.)"""
+    flat = []
+    for record in records:
+        if type(record) is rec.Put and is_locks_ns(record.ns) and type(record.value) is dict:
+            record = record._replace(value=record.value["owner"])
+        rec.encode(flat, record)
+    return flat
+
+
+def rewrite_segments_as_an_older_build(data_dir) -> int:
+    """Every frame of every segment re-encoded with owner strings; how many permit puts they hold."""
+    changed = 0
+    for seq in segments_in(data_dir):
+        path = segment_path(data_dir, seq)
+        data = read_bytes(path)
+        out, offset = [data[:FILE_HEADER.size]], FILE_HEADER.size
+        while offset + FRAME_HEADER.size <= len(data) and data[offset:offset + 4] != b"\0\0\0\0":
+            items, first_version, last_version, offset = decode_frame(data, offset)
+            records = rec.decode(items)
+            changed += sum(type(r) is rec.Put and is_locks_ns(r.ns) for r in records)
+            out.append(encode_frame(with_owner_strings(records), first_version, last_version))
+        out.append(data[offset:])  # the space allocated ahead
+        with open(path, "wb") as f:
+            f.write(b"".join(out))
+    return changed
+
+
+def rewrite_snapshots_as_an_older_build(data_dir) -> int:
+    """Every snapshot re-encoded with owner strings; how many permits the newest holds."""
+    permits = 0
+    for version in sorted(snapshots_in(data_dir)):
+        path = data_dir / snapshot_name(version)
+        kept = decode_snapshot(path.read_bytes())
+        sections = {"kv": [], "locks": [], "queues": []}
+        for record in kept.records:
+            section = "queues" if type(record) in rec.QUEUE_RECORDS else "locks" if is_locks_ns(record.ns) else "kv"
+            sections[section].append(record)
+        path.write_bytes(encode_snapshot(version, kept.ceiling, kept.first_segment,
+                                         {name: with_owner_strings(records) for name, records in sections.items()}))
+        permits = len(sections["locks"])
+    return permits
+
+
+@pytest.mark.parametrize("where", ["wal", "snapshot"])
+async def test_permit_rows_an_older_build_wrote_with_the_owner_as_value_recover_as_the_object(
+        where, tmp_path, serve, mock_clock):
+    data_dir = tmp_path / "data"
+    async with serve(data_dir, shard_count=1, snapshot_wal_bytes=1 if where == "snapshot" else 64 << 20) as server:
+        held = await acquire(server, "keeper")
+        [ownerless] = await server.router.run_locks(parse_lock_ops(
+            [{"op": "acquire", "name": "anyone", "ttlSeconds": 600}], LIMITS))
+        await write_frames(server, 3)
+        for _ in range(1000):  # with snapshot_wal_bytes=1, frames until a snapshot taken after the grants is durable
+            if where == "wal" or max(snapshots_in(data_dir), default=0) > ownerless["token"]:
+                break
+            await write_frames(server, 1)
+    if where == "snapshot":
+        assert rewrite_snapshots_as_an_older_build(data_dir) == 2  # the permits are in the newest snapshot
+    rewritten = rewrite_segments_as_an_older_build(data_dir)
+    assert where == "snapshot" or rewritten == 2  # the permits are in the log
+
+    async with serve(data_dir, shard_count=1) as server:
+        [row, nobody] = (await call(server, {"op": "getMany", "ns": "queen-locks", "keys": ["job#0", "anyone#0"]}))[0]["items"]
+        assert value_of(row["value"]) == {"owner": "keeper"} and row["version"] == held["token"]
+        assert value_of(nobody["value"]) == {"owner": None} and nobody["version"] == ownerless["token"]
+        [got] = await server.router.run_locks(parse_lock_ops([{"op": "get", "name": "job"}], LIMITS))
+        assert [(h["owner"], h["token"]) for h in got["holders"]] == [("keeper", held["token"])]
+        again = await acquire(server, "keeper")
+        assert again["already"] is True and again["token"] == held["token"]
+        [renewed] = await server.router.run_locks(parse_lock_ops([{"op": "renew", "name": "job", "slot": 0, "token":
+                                                                  held["token"], "ttlSeconds": 600, "owner": "keeper"}], LIMITS))
+        assert renewed["renewed"] is True and renewed["fence"] == held["fence"]
+        [[row]] = [r["items"] for r in await call(server, {"op": "getMany", "ns": "queen-locks", "keys": ["job#0"]})]
+        assert value_of(row["value"]) == {"owner": "keeper"} and row["version"] == renewed["token"]
