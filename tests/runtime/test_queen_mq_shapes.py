@@ -119,7 +119,7 @@ async def test_the_operations_form_of_a_transaction_is_one_step_with_flat_result
         guard = {**lock["guard"], "expect": lock["token"] + 1}  # a token this holder no longer has
         missed = await post(c, "/api/v1/transaction", {"operations": [], "requiredLeases": [], "kv": [guard]})
         assert (missed["failedIndex"], missed["kvReason"], missed["value"], missed["version"]) == (
-            0, "version", "me", lock["token"])
+            0, "version", {"owner": "me"}, lock["token"])  # a permit's row holds its owner so
         mixed = await post(c, "/api/v1/transaction", {"operations": [], "ack": []}, status=400)
         assert mixed["code"] == "unsupported_form"
 

@@ -73,7 +73,20 @@ def view(server: ServerProcess, secret: str) -> dict:
         "dlq": ("GET", "/api/v1/dlq?queue=orders", None),
         "timers": ("GET", "/api/v1/timers?queue=orders", None),
     }
-    return {name: call(server, secret, *read) for name, read in reads.items()}
+    return {name: without_live_counts(call(server, secret, *read)) for name, read in reads.items()}
+
+
+# What a queue view counts of this process's traffic and callers (since it started), not of its state:
+# a restart starts them again.
+LIVE_COUNTS = frozenset(("totals", "consumers", "parkedPops"))
+
+
+def without_live_counts(document):
+    if isinstance(document, dict):
+        return {key: without_live_counts(value) for key, value in document.items() if key not in LIVE_COUNTS}
+    if isinstance(document, list):
+        return [without_live_counts(item) for item in document]
+    return document
 
 
 def snapshots_written(server: ServerProcess, operator: str) -> float:
