@@ -26,12 +26,13 @@ import functools
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
 import anyio
 from anyio.from_thread import BlockingPortal
 
+from queen_client._http import DEFAULT_FAILOVER_TIMEOUT_S
 from queen_client.client import Client
 from queen_client.errors import Interrupted, LockLost, LockNotAcquired, say_interrupted
 from queen_client.kv import PAGE_ITEMS_MAX, Item, Kv
@@ -62,11 +63,12 @@ _set_async_exc.restype = ctypes.c_int
 
 
 class SyncClient:
-    def __init__(self, url: str | None = None, *, token: str | None = None, ca_file: str | None = None,
-                 connections_max: int = 16, timeout_s: float = 10.0, retries_max: int = 5):
+    def __init__(self, url: str | Sequence[str] | None = None, *, token: str | None = None, ca_file: str | None = None,
+                 connections_max: int = 16, timeout_s: float = 10.0, retries_max: int = 5,
+                 failover_timeout=DEFAULT_FAILOVER_TIMEOUT_S):
         """As queen_client.Client's."""
         self._settings = dict(url=url, token=token, ca_file=ca_file, connections_max=connections_max,
-                              timeout_s=timeout_s, retries_max=retries_max)
+                              timeout_s=timeout_s, retries_max=retries_max, failover_timeout=failover_timeout)
         self._portal: BlockingPortal | None = None
         self._client: Client | None = None
         self._ready = threading.Event()
@@ -84,6 +86,16 @@ class SyncClient:
 
     def __repr__(self) -> str:
         return f"<queen_client.SyncClient {self.url}>"
+
+    @property
+    def epoch(self) -> int | None:
+        """As Client.epoch: the last X-Queen-Epoch a node answered with (None on one node)."""
+        return self._client.epoch
+
+    @property
+    def leader_url(self) -> str:
+        """As Client.leader_url: the node calls go to now."""
+        return self._client.leader_url
 
     def _run_loop(self) -> None:
         try:

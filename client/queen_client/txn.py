@@ -16,6 +16,11 @@ another), a push beyond capacity. The first miss is the answer (`success` False,
 `failed_section`, `failed_index`), and nothing of the step exists. A lost lock is told
 (on_lost("guard")) before commit() returns.
 
+A step is sent again through a failover (see queen_client/_http.py) when every part of it is safe
+to repeat: reads, conditional KV writes (`expect`, putIfAbsent), acks and pushes (each with its
+transactionId); not with timers or then_pop(). A step sent again after an attempt whose outcome
+is unknown that then misses raises OutcomeUnknown: the miss may be its first attempt's doing.
+
 A message acked in a transaction is settled by it whatever the outcome, so a consumer does not ack
 it again: committed, it is done; not committed, it is left for redelivery when its lease ends (or
 call message.fail() to have it back at once). Indexes count your operations per section, guards
@@ -31,12 +36,16 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 from queen_client.errors import LockLost
-from queen_client.kv import CheckResult, Current, Item, WriteResult, write_op
+from queen_client.kv import CheckResult, Current, Item, WriteResult, conditional, write_op
 from queen_client.lease import LostReason
 from queen_client.queues import AckResult, Delivery, Message, Push, PushResult, next_wire
 from queen_client.timers import TimerResult, schedule_op
 
 READ_OPS = frozenset(("get", "check"))
+
+
+def _failed(answer: dict) -> bool:
+    return not answer.get("success")
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,15 +198,22 @@ class Transaction:
                 document["kv"] = guards + self._ops
             if not document:
                 raise ValueError("an empty transaction: add a guard, an ack, a push, a KV operation or a timer")
-            safe = set(document) == {"kv"} and all(op["op"] in READ_OPS for op in self._ops)
+            # Safe to send again when every part of it is: reads, conditional writes, acks, pushes
+            # (each carries a transactionId). Not timers (a schedule sent again could bring back one
+            # that fired), nor `next` (a pop sent again would take a second lease).
+            safe = not self._sections["timers"] and all(op["op"] in READ_OPS or conditional(op) for op in self._ops)
+            writes = bool(self._sections["ack"] or self._sections["push"] or
+                          any(op["op"] not in READ_OPS for op in self._ops))
             timeout_s = None
             if self._next is not None:
                 document["next"] = self._next
-                safe = False  # a pop: sent again, it would take a second lease
+                safe = False
                 timeout_s = self._transport.timeout_s + self._next.get("waitMs", 0) / 1000
             try:
+                # Sent again after an attempt whose outcome is unknown, a step that applied makes its
+                # own repeat miss (an expect, an ack whose lease it ended): not a miss to report.
                 answer = await self._transport.call("POST", "/api/v1/transaction", document, safe=safe,
-                                                    timeout_s=timeout_s)
+                                                    timeout_s=timeout_s, missed_if_echo=_failed if writes else None)
             finally:
                 for message in self._messages:
                     message.settled = True
