@@ -279,6 +279,9 @@ class SyncLock:
     slot = property(lambda self: self._read("slot"))
     guard = property(lambda self: self._read("guard"))
     held = property(lambda self: self._read("held"))
+    deadline = property(lambda self: self._read("deadline"),
+                        doc="until when the permit is ours at the latest unless renewed, on time.monotonic() (the "
+                            "clock of the client's asyncio loop)")
     lost_reason = property(lambda self: self._lock.lost_reason)
     refusal = property(lambda self: self._lock.refusal)
 
