@@ -69,7 +69,7 @@ def _first_unsendable(value, where: str) -> tuple[str, str] | None:
     try:
         orjson.dumps(value, default=_default, option=orjson.OPT_PASSTHROUGH_DATETIME)
     except orjson.JSONEncodeError:
-        return where, f"a {type(value).__name__} has no JSON form: Queen stores what JSON can say, plus bytes"
+        return where, f"a value of type {type(value).__name__} has no JSON form: Queen stores what JSON can say, plus bytes"
     return None
 
 
