@@ -24,6 +24,7 @@ from queen_client._http import DEFAULT_FAILOVER_TIMEOUT_S, Transport, parse_urls
 from queen_client.durations import seconds
 from queen_client.kv import Kv
 from queen_client.locks import Lock, Locks, Semaphore
+from queen_client.options import TTL, wire_names
 from queen_client.queues import Queue
 from queen_client.timers import Timers
 from queen_client.txn import Transaction
@@ -113,10 +114,12 @@ class Client:
 
     # -- handles -----------------------------------------------------------------------------------
 
+    @wire_names(**TTL)
     def lock(self, name: str, *, ttl, owner: str | None = None, auto_renew: bool = True) -> Lock:
         """A handle on lock `name` with lifetime `ttl` ("30s", a timedelta or seconds)."""
         return Lock(self, name, ttl=ttl, owner=owner, auto_renew=auto_renew)
 
+    @wire_names(**TTL)
     def semaphore(self, name: str, n: int, *, ttl, owner: str | None = None, auto_renew: bool = True) -> Semaphore:
         """A handle on one of the `n` permits of `name`. Every holder of one name passes the same n."""
         return Semaphore(self, name, n, ttl=ttl, owner=owner, auto_renew=auto_renew)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from queen_client.durations import lifetime_fields
+from queen_client.options import TTL, wire_names
 
 PAGE_ITEMS_MAX = 1000  # the server's limit on one getPrefix page
 
@@ -165,12 +166,14 @@ class Kv:
                 return
             cursor = page.cursor
 
+    @wire_names(**TTL)
     async def put(self, ns: str, key: str, value, *, ttl=None, forever: bool = False,
                   expect: int | None = None) -> WriteResult:
         """Write `value`; with `expect`, only if the key's version is that (0 = absent)."""
         return await self._write(write_op("put", ns, key, value=value, has_value=True, ttl=ttl, forever=forever,
                                           expect=expect))
 
+    @wire_names(**TTL)
     async def put_if_absent(self, ns: str, key: str, value, *, ttl=None, forever: bool = False) -> WriteResult:
         return await self._write(write_op("putIfAbsent", ns, key, value=value, has_value=True, ttl=ttl,
                                           forever=forever))
@@ -178,6 +181,7 @@ class Kv:
     async def delete(self, ns: str, key: str, *, expect: int | None = None) -> WriteResult:
         return await self._write(write_op("delete", ns, key, expect=expect))
 
+    @wire_names(**TTL)
     async def incr(self, ns: str, key: str, by: int = 1, *, max: int | None = None, min: int | None = None,
                    ttl=None, forever: bool = False, expect: int | None = None) -> WriteResult:
         """Add `by` to an integer (absent counts as 0); past `max`/`min` it does not apply

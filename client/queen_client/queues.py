@@ -40,6 +40,7 @@ from queen_client import consumer
 from queen_client.durations import seconds as seconds_of
 from queen_client.errors import Interrupted, say_interrupted
 from queen_client.kv import given
+from queen_client.options import GROUP, IDS, WAIT, queue_options, wire_names
 
 logger = logging.getLogger(__name__)
 
@@ -217,11 +218,15 @@ class Queue:
     # -- producing ------------------------------------------------------------------------------
 
     async def configure(self, **options) -> dict:
-        """Set options (leaseTimeSeconds=60, retryLimit=5, ...; the README lists them); those left out
-        keep their value. Answers every effective option."""
-        answer = await self._transport.call("POST", "/api/v1/configure", {"queue": self.name, "options": options}, safe=True)
+        """Set options (lease_time_seconds=60, retry_limit=5, ..., or as the wire spells them:
+        leaseTimeSeconds=60, retryLimit=5; the README lists them); those left out keep their value.
+        Answers every effective option, as the wire spells them. A name that is no option raises
+        TypeError ("did you mean ...") before anything is sent."""
+        body = {"queue": self.name, "options": queue_options(options)}
+        answer = await self._transport.call("POST", "/api/v1/configure", body, safe=True)
         return answer["options"]
 
+    @wire_names(**IDS)
     async def push(self, payload, *, partition: str | None = None, transaction_id: str | None = None,
                    trace_id: str | None = None) -> PushResult:
         """Append one message. Without a transaction_id one is generated, so the call is safe to send
@@ -248,6 +253,7 @@ class Queue:
 
     # -- consuming ------------------------------------------------------------------------------
 
+    @wire_names(**GROUP, **WAIT, autoAck="auto_ack", subscriptionMode="mode")
     async def pop(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, partition: str | None = None,
                   wait=None, auto_ack: bool = False, mode: str = "all") -> Delivery:
         """Take up to `batch` messages (from up to `partitions` partitions, or from `partition`)
@@ -290,6 +296,7 @@ class Queue:
             message.settled = True
         return [AckResult.from_wire(result) for result in answer]
 
+    @wire_names(leaseId="lease_id", partitionId="partition_id", **GROUP)
     async def ack_offset(self, lease_id: int, partition_id: int, offset: int, status: str = "completed", *,
                          error: str | None = None, group: str | None = None) -> AckResult:
         """Ack a message named by the ids a pop gave (a script's, or another process's, delivery)."""
@@ -297,6 +304,7 @@ class Queue:
                      error=error, consumerGroup=group)
         return AckResult.from_wire(await self._transport.call("POST", "/api/v1/ack", wire, safe=True))
 
+    @wire_names(leaseId="lease_id")
     async def extend(self, lease_id: int, seconds: int | None = None) -> bool:
         """Push the lease's end to now + seconds (the queue's lease time by default); False when the
         lease is no longer live."""
@@ -304,11 +312,13 @@ class Queue:
         answer = await self._transport.call("POST", f"/api/v1/lease/{lease_id}/extend", body, safe=True)
         return answer["success"]
 
+    @wire_names(leaseId="lease_id")
     async def release(self, lease_id: int) -> bool:
         """End the lease now: its unacked messages go to the next consumer, retry_count unchanged."""
         answer = await self._transport.call("POST", f"/api/v1/lease/{lease_id}/release", {}, safe=True)
         return answer["success"]
 
+    @wire_names(**GROUP, **WAIT)
     def consume(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
                 lease=None) -> AsyncIterator[Message]:
         """Every message of the queue for `group`, one at a time, forever (see the module docstring
@@ -316,6 +326,7 @@ class Queue:
         connection is waited out (client/queen_client/consumer.py). Needs `async with queen_client.Client()`."""
         return self.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease)
 
+    @wire_names(**GROUP, **WAIT)
     async def process(self, handler: Callable[[Message], object | Awaitable[object]], *, group: str | None = None,
                       batch: int = 1, partitions: int = 1, wait="30s", lease=None, grace="10s",
                       stop=None, handle_signals: bool = True) -> None:
@@ -389,6 +400,7 @@ class Queue:
             say_interrupted(self.name)
             raise Interrupted
 
+    @wire_names(**GROUP, **WAIT)
     def deliveries(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s", lease=None,
                    stopping: anyio.Event | None = None) -> AsyncGenerator[Message, Exception | None]:
         """The one delivery loop behind consume() and process(), async and blocking alike
@@ -410,6 +422,7 @@ class Queue:
         """The queue's options, counts and groups (`found: False` if it does not exist)."""
         return await self._transport.call("GET", f"/api/v1/resources/queues/{quote(self.name, safe='')}", safe=True)
 
+    @wire_names(**GROUP)
     async def dlq(self, *, group: str | None = None, limit: int = 100) -> AsyncIterator[dict]:
         """Every DLQ entry of the queue (of `group`), oldest move first."""
         cursor = None
@@ -426,6 +439,7 @@ class Queue:
             if cursor is None:
                 return
 
+    @wire_names(**GROUP)
     async def requeue(self, entries: list[dict], *, group: str | None = None) -> list[bool]:
         """Put DLQ entries (as `dlq()` gives them) back to pending, first in their partitions."""
         body = {"queue": self.name, "consumerGroup": group or DEFAULT_GROUP,
@@ -433,6 +447,7 @@ class Queue:
         answer = await self._transport.call("POST", "/api/v1/dlq/requeue", body, safe=True)
         return [result["requeued"] for result in answer["results"]]
 
+    @wire_names(**GROUP)
     async def purge_dlq(self, *, group: str | None = None) -> int:
         params = {"queue": self.name, **({"consumerGroup": group} if group is not None else {})}
         answer = await self._transport.call("DELETE", f"/api/v1/dlq?{urlencode(params)}", safe=True)

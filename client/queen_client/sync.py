@@ -37,8 +37,9 @@ from queen_client.client import Client
 from queen_client.errors import Interrupted, LockLost, LockNotAcquired, say_interrupted
 from queen_client.kv import PAGE_ITEMS_MAX, Item, Kv
 from queen_client.locks import Holder, Lock, Locks, RunResult
+from queen_client.options import GROUP, TTL, WAIT, wire_names
 from queen_client.queues import Delivery, Message, Queue
-from queen_client.timers import Timer, Timers
+from queen_client.timers import SCHEDULE, Timer, Timers
 from queen_client.txn import TxnKv, TxnResult
 
 logger = logging.getLogger(__name__)
@@ -129,9 +130,11 @@ class SyncClient:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+    @wire_names(**TTL)
     def lock(self, name: str, *, ttl, owner: str | None = None, auto_renew: bool = True) -> SyncLock:
         return SyncLock(self, self._call(lambda: self._client.lock(name, ttl=ttl, owner=owner, auto_renew=auto_renew)))
 
+    @wire_names(**TTL)
     def semaphore(self, name: str, n: int, *, ttl, owner: str | None = None, auto_renew: bool = True) -> SyncLock:
         return SyncLock(self, self._call(lambda: self._client.semaphore(name, n, ttl=ttl, owner=owner, auto_renew=auto_renew)))
 
@@ -345,11 +348,13 @@ class SyncTransaction:
     def queue(self, name: str) -> _SyncTxnQueue:
         return _SyncTxnQueue(self, name)
 
+    @wire_names(**GROUP, **WAIT)
     def then_pop(self, queue: str, *, group: str | None = None, batch: int = 1, partitions: int = 1,
                  wait=None) -> SyncTransaction:
         self._txn.then_pop(queue, group=group, batch=batch, partitions=partitions, wait=wait)
         return self
 
+    @wire_names(**SCHEDULE)
     def timer(self, queue: str, key: str, payload=None, *, at=None, delay=None, cron: str | None = None,
               timezone: str | None = None, every=None, partition: str | None = None,
               transaction_id: str | None = None, trace_id: str | None = None) -> SyncTransaction:
@@ -434,11 +439,13 @@ class SyncQueue:
             message._queue = self  # so message.ack() blocks too
         return delivery
 
+    @wire_names(**GROUP)
     def dlq(self, *, group: str | None = None, limit: int = 100) -> list[dict]:
         async def collect():
             return [entry async for entry in self._queue.dlq(group=group, limit=limit)]
         return self._sync._call(collect)
 
+    @wire_names(**GROUP, **WAIT)
     def consume(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
                 lease=None) -> Iterator[Message]:
         """Every message, one at a time, forever; acked "completed" when the loop asks for the
@@ -451,6 +458,7 @@ class SyncQueue:
         finally:
             self._close(steps)
 
+    @wire_names(**GROUP, **WAIT)
     def process(self, handler, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
                 lease=None, grace="10s", stop: threading.Event | None = None, handle_signals: bool = True) -> None:
         """handler(message) for every message: its return acks "completed", its exception

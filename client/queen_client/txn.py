@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from queen_client.errors import LockLost
 from queen_client.kv import CheckResult, Current, Item, WriteResult, conditional, write_op
 from queen_client.lease import LostReason
+from queen_client.options import GROUP, TTL, WAIT, wire_names
 from queen_client.queues import AckResult, Delivery, Message, Push, PushResult, next_wire
-from queen_client.timers import TimerResult, schedule_op
+from queen_client.timers import SCHEDULE, TimerResult, schedule_op
 
 READ_OPS = frozenset(("get", "check"))
 
@@ -88,15 +89,18 @@ class TxnKv:
     def check(self, ns: str, key: str, expect: int, *, required: bool = True) -> Transaction:
         return self._txn._add({"op": "check", "ns": ns, "key": key, "expect": expect, "required": required})
 
+    @wire_names(**TTL)
     def put(self, ns: str, key: str, value, *, ttl=None, forever: bool = False, expect: int | None = None) -> Transaction:
         return self._txn._add(write_op("put", ns, key, value=value, has_value=True, ttl=ttl, forever=forever, expect=expect))
 
+    @wire_names(**TTL)
     def put_if_absent(self, ns: str, key: str, value, *, ttl=None, forever: bool = False) -> Transaction:
         return self._txn._add(write_op("putIfAbsent", ns, key, value=value, has_value=True, ttl=ttl, forever=forever))
 
     def delete(self, ns: str, key: str, *, expect: int | None = None) -> Transaction:
         return self._txn._add(write_op("delete", ns, key, expect=expect))
 
+    @wire_names(**TTL)
     def incr(self, ns: str, key: str, by: int = 1, *, max: int | None = None, min: int | None = None,
              ttl=None, forever: bool = False, expect: int | None = None) -> Transaction:
         return self._txn._add(write_op("incr", ns, key, ttl=ttl, forever=forever, expect=expect, by=by, max=max, min=min))
@@ -159,6 +163,7 @@ class Transaction:
     def queue(self, name: str) -> TxnQueue:
         return TxnQueue(self, name)
 
+    @wire_names(**GROUP, **WAIT)
     def then_pop(self, queue: str, *, group: str | None = None, batch: int = 1, partitions: int = 1,
                  wait=None) -> Transaction:
         """Once committed, pop `queue` in the same step (one log entry, one fsync for the step and
@@ -167,6 +172,7 @@ class Transaction:
         self._next = next_wire(queue, group=group, batch=batch, partitions=partitions, wait=wait)
         return self
 
+    @wire_names(**SCHEDULE)
     def timer(self, queue: str, key: str, payload=None, *, at=None, delay=None, cron: str | None = None,
               timezone: str | None = None, every=None, partition: str | None = None,
               transaction_id: str | None = None, trace_id: str | None = None) -> Transaction:
