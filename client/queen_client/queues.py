@@ -24,10 +24,10 @@ uses: its messages come back when it expires).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import signal
-import threading
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -41,6 +41,7 @@ from queen_client.durations import seconds as seconds_of
 from queen_client.errors import Interrupted, say_interrupted
 from queen_client.kv import given
 from queen_client.options import GROUP, IDS, WAIT, queue_options, wire_names
+from queen_client.stop_signals import STOP_SIGNALS
 
 logger = logging.getLogger(__name__)
 
@@ -333,7 +334,8 @@ class Queue:
         """Run handler(message) for every message: its return acks "completed", its exception
         acks "failed" with the error's text. Goes on through broker restarts and dropped
         connections. Stops gracefully when `stop` (an asyncio.Event, trio.Event or anyio.Event)
-        is set, or on SIGTERM or Ctrl-C (handle_signals, in the main thread): no new pop, the
+        is set, or on SIGTERM or Ctrl-C (handle_signals; every loop of the process stops on the
+        first one, queen_client/stop_signals.py): no new pop, the
         running handler gets up to `grace` to finish, what finished is acked and the lease
         released, so the rest is delivered again at once with its retry count unchanged; a second
         signal cuts the grace short. Returns after a stop or SIGTERM; raises queen_client.Interrupted
@@ -354,48 +356,49 @@ class Queue:
 
         steps = self.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease,
                                 stopping=stopping)
-        async with anyio.create_task_group() as watchers:
-            if stop is not None:
-                async def relay_stop() -> None:
-                    await stop.wait()
-                    begin_stop(False)
+        # Every loop of the process hears every signal (queen_client/stop_signals.py).
+        with STOP_SIGNALS.receiver() if handle_signals else contextlib.nullcontext() as received:
+            async with anyio.create_task_group() as watchers:
+                if stop is not None:
+                    async def relay_stop() -> None:
+                        await stop.wait()
+                        begin_stop(False)
 
-                watchers.start_soon(relay_stop)
-            if handle_signals and threading.current_thread() is threading.main_thread():
-                async def on_signals() -> None:
-                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+                    watchers.start_soon(relay_stop)
+                if received is not None:
+                    async def on_signals() -> None:
                         async for signum in received:
                             logger.info("event=consumer_stopping queue=%s signal=%s grace_s=%s", self.name,
                                         signal.Signals(signum).name, grace_s)
                             signalled.append(signum)
                             begin_stop(len(signalled) > 1)
 
-                watchers.start_soon(on_signals)
-            try:
-                failure: Exception | None = None
-                while True:
-                    try:
-                        message = await steps.asend(failure)
-                    except StopAsyncIteration:
-                        break
-                    handling = anyio.CancelScope(deadline=anyio.current_time() + grace_s if stopping.is_set()
-                                                 else float("inf"))
-                    failure = None
-                    with handling:
+                    watchers.start_soon(on_signals)
+                try:
+                    failure: Exception | None = None
+                    while True:
                         try:
-                            outcome = handler(message)
-                            if inspect.isawaitable(outcome):
-                                await outcome
-                        except Exception as error:  # noqa: BLE001 - the handler's failure is the message's
-                            failure = error
-                    if handling.cancelled_caught:
-                        logger.warning("event=handler_cut queue=%s offset=%s partition=%s grace_s=%s", self.name,
-                                       message.offset, message.partition, grace_s)
-                        break  # not finished: released with the lease, delivered again unchanged
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await steps.aclose()
-                watchers.cancel_scope.cancel()
+                            message = await steps.asend(failure)
+                        except StopAsyncIteration:
+                            break
+                        handling = anyio.CancelScope(deadline=anyio.current_time() + grace_s if stopping.is_set()
+                                                     else float("inf"))
+                        failure = None
+                        with handling:
+                            try:
+                                outcome = handler(message)
+                                if inspect.isawaitable(outcome):
+                                    await outcome
+                            except Exception as error:  # noqa: BLE001 - the handler's failure is the message's
+                                failure = error
+                        if handling.cancelled_caught:
+                            logger.warning("event=handler_cut queue=%s offset=%s partition=%s grace_s=%s", self.name,
+                                           message.offset, message.partition, grace_s)
+                            break  # not finished: released with the lease, delivered again unchanged
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await steps.aclose()
+                    watchers.cancel_scope.cancel()
         if signal.SIGINT in signalled:
             say_interrupted(self.name)
             raise Interrupted

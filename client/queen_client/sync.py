@@ -39,6 +39,7 @@ from queen_client.kv import PAGE_ITEMS_MAX, Item, Kv
 from queen_client.locks import Holder, Lock, Locks, RunResult
 from queen_client.options import GROUP, TTL, WAIT, wire_names
 from queen_client.queues import Delivery, Message, Queue
+from queen_client.stop_signals import STOP_SIGNALS
 from queen_client.timers import SCHEDULE, Timer, Timers
 from queen_client.txn import TxnKv, TxnResult
 
@@ -83,6 +84,11 @@ class SyncClient:
         self.kv = SyncKv(self)
         self.locks = SyncLocks(self)
         self.timers = SyncTimers(self)
+        # Made in the main thread, it puts the process's SIGTERM/SIGINT handlers in place, so that
+        # process() loops in other threads hear them too (queen_client/stop_signals.py).
+        self._holds_signals = threading.current_thread() is threading.main_thread()
+        if self._holds_signals:
+            STOP_SIGNALS.hold()
         atexit.register(self.close)  # a script that forgets close() still releases what it holds
 
     def __repr__(self) -> str:
@@ -123,6 +129,9 @@ class SyncClient:
         if portal is not None:
             portal.call(portal.stop, True)  # calls in flight (a parked pop) are cancelled, not awaited
             self._thread.join()
+        if self._holds_signals:
+            self._holds_signals = False
+            STOP_SIGNALS.release()
 
     def __enter__(self) -> SyncClient:
         return self
@@ -198,21 +207,31 @@ class SyncLocks:
 
 
 class _Interrupter:
-    """Raises LockLost once in the thread that holds a `with lock.hold():` block."""
+    """Raises `exception` once in a thread while it is armed: LockLost in the thread that holds a
+    `with lock.hold():` block, a cut in a handler that outlived its grace."""
 
-    def __init__(self, thread_id: int):
+    def __init__(self, thread_id: int, exception: type[BaseException] = LockLost):
         self.thread_id = thread_id
+        self.exception = exception
         self.mutex = threading.Lock()
         self.armed = True
         self.fired = False
 
-    def fire(self, reason) -> None:  # on the loop thread
+    def fire(self, reason) -> None:  # on another thread
         with self.mutex:
             if self.armed and not self.fired:
                 self.fired = True
-                _set_async_exc(self.thread_id, LockLost)
+                _set_async_exc(self.thread_id, self.exception)
 
-    def disarm(self) -> None:  # on the holding thread, first thing when the block ends
+    def fire_here(self) -> bool:
+        """For raising it oneself, in the thread (a signal handler there): True once, while armed."""
+        with self.mutex:
+            if self.armed and not self.fired:
+                self.fired = True
+                return True
+            return False
+
+    def disarm(self) -> None:  # on the interrupted thread, first thing when the block ends
         while True:
             try:
                 with self.mutex:
@@ -220,7 +239,7 @@ class _Interrupter:
                     if self.fired:
                         _set_async_exc(self.thread_id, ctypes.py_object())  # drop it if not yet raised
                 return
-            except LockLost:
+            except self.exception:
                 continue  # it landed here, on the way out: `fired` accounts for it
 
 
@@ -463,25 +482,27 @@ class SyncQueue:
                 lease=None, grace="10s", stop: threading.Event | None = None, handle_signals: bool = True) -> None:
         """handler(message) for every message: its return acks "completed", its exception
         "failed". Goes on through broker restarts. Stops gracefully when `stop` is set, or on
-        SIGTERM or Ctrl-C (handle_signals, in the main thread): no new pop, the running handler
-        gets up to `grace` to finish (then it is interrupted), what finished is acked and the lease
-        released, so the rest is delivered again at once with its retry count unchanged; a second
-        signal cuts the grace short. Returns after a stop or SIGTERM; raises queen_client.Interrupted
-        (exit 130, no traceback) after Ctrl-C."""
+        SIGTERM or Ctrl-C (handle_signals; every loop of the process stops on the first one, in
+        any thread, when the SyncClient was made in the main thread or a loop runs there): no new
+        pop, the running handler gets up to `grace` to finish (then it is interrupted: at once in
+        the main thread, at its next Python instruction in another), what finished is acked and
+        the lease released, so the rest is delivered again at once with its retry count unchanged;
+        a second signal cuts the grace short. Returns after a stop or SIGTERM; raises
+        queen_client.Interrupted (exit 130, no traceback) after Ctrl-C."""
         from queen_client.durations import seconds
 
         stopping = self._sync._call(anyio.Event)
         steps = self._queue.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease,
                                        stopping=stopping)
         stopper = _Stopper(self._sync, stopping, seconds(grace, "grace"))
-        restore = stopper.install(handle_signals)
+        stop_listening = STOP_SIGNALS.listen(stopper.on_signal) if handle_signals else None
         if stop is not None:
             threading.Thread(target=lambda: stop.wait() and stopper.begin(), name="queen-stop", daemon=True).start()
         failure: Exception | None = None
         try:
             while (message := self._next(steps, failure)) is not None:
-                stopper.handling = True
                 try:
+                    stopper.handling_starts()
                     handler(message)
                     failure = None
                 except Exception as error:  # noqa: BLE001 - the handler's failure is the message's
@@ -491,9 +512,10 @@ class SyncQueue:
                                    message.offset, message.partition, stopper.grace_s)
                     break  # not finished: released with the lease, delivered again unchanged
                 finally:
-                    stopper.handling = False
+                    stopper.handling_ends()
         finally:
-            restore()
+            if stop_listening is not None:
+                stop_listening()
             stopper.done()
             self._close(steps)
         if signal.SIGINT in stopper.signals:
@@ -525,32 +547,34 @@ class _HandlerCut(BaseException):
 
 
 class _Stopper:
-    """A blocking process()'s stop: SIGTERM and SIGINT handlers (while it runs, in the main thread),
-    the loop's `stopping` event set from here, and the grace timer that interrupts a handler that
-    outlives it."""
+    """A blocking process()'s stop: told of SIGTERM and SIGINT by STOP_SIGNALS (in the main thread),
+    it sets the loop's `stopping` event, and cuts a handler that outlives the grace period or meets
+    a second signal: raised in its thread, once, never after the handler returned (_Interrupter)."""
 
     def __init__(self, sync: SyncClient, stopping, grace_s: float):
         self.sync = sync
         self.stopping = stopping
         self.grace_s = grace_s
         self.signals: list[int] = []
-        self.handling = False
-        self.cut = False
+        self.thread_id = threading.get_ident()
+        self.in_main_thread = threading.current_thread() is threading.main_thread()
+        self.cut: _Interrupter | None = None  # the running handler's, while one runs
+        self.grace_over = False
         self.timer: threading.Timer | None = None
 
-    def install(self, handle_signals: bool):
-        """Install the signal handlers; the function that puts the previous ones back."""
-        if not handle_signals or threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        previous = {signum: signal.signal(signum, self._on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
-        return lambda: [signal.signal(signum, handler) for signum, handler in previous.items()]
+    def handling_starts(self) -> None:
+        self.cut = _Interrupter(self.thread_id, _HandlerCut)
+        if self.grace_over:
+            self._cut_now()
 
-    def _on_signal(self, signum, frame) -> None:
-        if self.cut:
-            raise _HandlerCut
+    def handling_ends(self) -> None:
+        cut, self.cut = self.cut, None
+        cut.disarm()
+
+    def on_signal(self, signum: int) -> None:  # in the main thread, in STOP_SIGNALS' handler
         self.signals.append(signum)
-        if len(self.signals) > 1 and self.handling:
-            raise _HandlerCut  # a second signal: no more grace
+        if len(self.signals) > 1:
+            self._cut_now()  # a second signal: no more grace
         self.begin()
 
     def begin(self) -> None:
@@ -558,19 +582,28 @@ class _Stopper:
         if portal is None or self.timer is not None:
             return
         portal.start_task_soon(self._set_stopping)
-        self.timer = threading.Timer(self.grace_s, self._grace_over)
+        self.timer = threading.Timer(self.grace_s, self._grace_is_over)
         self.timer.daemon = True
         self.timer.start()
 
     async def _set_stopping(self) -> None:
         self.stopping.set()
 
-    def _grace_over(self) -> None:
-        if self.handling:
-            self.cut = True
-            # A real signal, so a handler blocked in sleep() or a socket read is woken too; the
-            # main thread runs _on_signal, which raises _HandlerCut there.
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    def _grace_is_over(self) -> None:  # on the timer's thread
+        self.grace_over = True
+        self._cut_now()
+
+    def _cut_now(self) -> None:
+        cut = self.cut
+        if cut is None:
+            return
+        if threading.get_ident() == self.thread_id:  # the main thread's own loop, told of a signal
+            if cut.fire_here():
+                raise _HandlerCut
+        elif not (self.in_main_thread and STOP_SIGNALS.raise_in_main_thread(_HandlerCut, cut.fire_here)):
+            # The handler's thread: at its next Python instruction (a call blocked in C sees it when
+            # it returns). In the main thread a signal of our own wakes a blocked call too.
+            cut.fire(None)
 
     def done(self) -> None:
         if self.timer is not None:
