@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -36,10 +37,8 @@ def loop_scheduler() -> Callable[[Callable[[], object]], object]:
     thread, without blocking (asyncio's call_soon_threadsafe, Trio's run_sync_soon)."""
     try:
         return asyncio.get_running_loop().call_soon_threadsafe
-    except RuntimeError:  # not asyncio: anyio runs on Trio
-        import trio
-
-        return trio.lowlevel.current_trio_token().run_sync_soon
+    except RuntimeError:  # not asyncio: anyio runs on Trio, which is loaded then (not a dependency of ours)
+        return sys.modules["trio"].lowlevel.current_trio_token().run_sync_soon
 
 
 class StopSignals:
