@@ -315,6 +315,11 @@ class Transport:
         failover_until = None if not self.failover_timeout_s else anyio.current_time() + self.failover_timeout_s
         attempt = 0
         unknown: ClientError | None = None  # what left an earlier attempt's outcome unknown
+
+        def given_up(error: ClientError) -> ClientError:
+            # A conditional write whose earlier attempt may have applied: its outcome, not the last error.
+            return OutcomeUnknown(method, path, unknown) if unknown is not None and missed_if_echo else error
+
         while True:
             endpoint = self.leader
             try:
@@ -331,7 +336,7 @@ class Transport:
                 self._move_on(endpoint)
                 if error.certificate or not await self._retry(attempt, deadline, failover_until, 0.0,
                                                               why=(method, path, error)):
-                    raise
+                    raise given_up(error)
                 attempt += 1
                 continue
             except TransportError as error:  # sent, and no whole answer came
@@ -340,7 +345,7 @@ class Transport:
                     raise OutcomeUnknown(method, path, error) from error
                 unknown = error
                 if not await self._retry(attempt, deadline, failover_until, 0.0, why=(method, path, error)):
-                    raise
+                    raise given_up(error)
                 attempt += 1
                 continue
             if 200 <= status < 300:
@@ -359,9 +364,9 @@ class Transport:
                 if await self._retry(attempt, deadline, None, wait_s, exact=True, why=(method, path, error)):
                     attempt += 1
                     continue
-                raise error
+                raise given_up(error)
             if not isinstance(error, UnavailableError):
-                raise error
+                raise given_up(error)
             refusal = refusal_of(error)
             if refusal.moves_on:
                 self._move_on(endpoint)
@@ -372,7 +377,7 @@ class Transport:
             hint = min(error.retry_after_s or 0.0, BACKOFF_MAX_S)
             if not await self._retry(attempt, deadline, failover_until if refusal.failover else None, hint,
                                      why=(method, path, error)):
-                raise error
+                raise given_up(error)
             attempt += 1
 
     def _redirect_target(self, location: str | None, path: str) -> _Endpoint | None:

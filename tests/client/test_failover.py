@@ -160,6 +160,26 @@ async def test_a_conditional_write_whose_repeat_misses_raises_outcome_unknown_no
         nursery.cancel_scope.cancel()
 
 
+async def test_a_conditional_write_given_up_after_an_attempt_of_unknown_outcome_is_unknown(autojump_clock):
+    # Sent, the connection broke; then no node answers until the failover timeout: the first attempt
+    # may have applied, so the call's outcome is what is raised, not "cannot connect".
+    async with trio.open_nursery() as nursery:
+        [dying] = await nodes(nursery, None)
+
+        def die(method, target, body):
+            dying.kill()
+            return DROP
+
+        dying.answer = die
+        async with queen_client.Client([dying.url], failover_timeout="3s") as client:
+            with pytest.raises(OutcomeUnknown) as caught:
+                await client.kv.put("ns", "k", "new", forever=True, expect=5)
+            assert isinstance(caught.value.cause, queen_client.TransportError)
+            with pytest.raises(CannotConnect):  # a read: nothing to be unknown about
+                await client.kv.get("ns", "k")
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_push_is_sent_again_with_its_transaction_id_and_not_appended_twice(autojump_clock):
     pushed: dict = {}
     new_leader = queue_leader(2, pushed)
