@@ -37,6 +37,7 @@ import random
 import socket
 import ssl
 from dataclasses import dataclass
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 import anyio
@@ -316,9 +317,11 @@ class Transport:
         attempt = 0
         unknown: ClientError | None = None  # what left an earlier attempt's outcome unknown
 
-        def given_up(error: ClientError) -> ClientError:
-            # A conditional write whose earlier attempt may have applied: its outcome, not the last error.
-            return OutcomeUnknown(method, path, unknown) if unknown is not None and missed_if_echo else error
+        def give_up(error: ClientError) -> NoReturn:
+            if unknown is not None and missed_if_echo is not None:
+                # A conditional write whose earlier attempt may have applied: its outcome, not the last error.
+                raise OutcomeUnknown(method, path, unknown) from error
+            raise error
 
         while True:
             endpoint = self.leader
@@ -336,7 +339,7 @@ class Transport:
                 self._move_on(endpoint)
                 if error.certificate or not await self._retry(attempt, deadline, failover_until, 0.0,
                                                               why=(method, path, error)):
-                    raise given_up(error)
+                    give_up(error)
                 attempt += 1
                 continue
             except TransportError as error:  # sent, and no whole answer came
@@ -345,7 +348,7 @@ class Transport:
                     raise OutcomeUnknown(method, path, error) from error
                 unknown = error
                 if not await self._retry(attempt, deadline, failover_until, 0.0, why=(method, path, error)):
-                    raise given_up(error)
+                    give_up(error)
                 attempt += 1
                 continue
             if 200 <= status < 300:
@@ -364,9 +367,9 @@ class Transport:
                 if await self._retry(attempt, deadline, None, wait_s, exact=True, why=(method, path, error)):
                     attempt += 1
                     continue
-                raise given_up(error)
+                give_up(error)
             if not isinstance(error, UnavailableError):
-                raise given_up(error)
+                give_up(error)
             refusal = refusal_of(error)
             if refusal.moves_on:
                 self._move_on(endpoint)
@@ -377,7 +380,7 @@ class Transport:
             hint = min(error.retry_after_s or 0.0, BACKOFF_MAX_S)
             if not await self._retry(attempt, deadline, failover_until if refusal.failover else None, hint,
                                      why=(method, path, error)):
-                raise given_up(error)
+                give_up(error)
             attempt += 1
 
     def _redirect_target(self, location: str | None, path: str) -> _Endpoint | None:

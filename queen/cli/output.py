@@ -130,12 +130,29 @@ def wait_s(text: str | None, longest_s: float | None, flag: str = "--wait") -> f
 
 def cannot_connect_hint(error) -> str:
     """What to do about a CannotConnect, in the command's words (its flags, not the SDK's names)."""
-    if not error.certificate:
+    return connect_hint(error.certificate, error.cause)
+
+
+def connect_hint(certificate: bool, cause: str) -> str:
+    """What to do when no connection could be made: start a server there, or trust its CA."""
+    if not certificate:
         return "is a Queen server running there? `queen serve` starts one (or give its address: --url or QUEEN_URL)"
-    if "hostname mismatch" in error.cause.lower():
+    if "hostname mismatch" in cause.lower():
         return "the server's certificate is not for this host name: use a name the certificate lists in --url"
     return ("the server's certificate is not signed by a CA this command trusts: give the CA's certificate file "
             "with --ca-file FILE or QUEEN_CA_FILE")
+
+
+def os_error_hint(error: BaseException) -> str:
+    """connect_hint for a failed http.client connection (the backup and cluster commands); '' when
+    the failure is neither a refusal nor a certificate."""
+    import ssl
+
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return "; " + connect_hint(True, str(error))
+    if isinstance(error, ConnectionRefusedError):
+        return "; " + connect_hint(False, str(error))
+    return ""
 
 
 def open_client(args):

@@ -73,3 +73,17 @@ def test_the_command_hints_at_its_ca_file_flag_when_it_does_not_trust_the_certif
     assert "--ca-file FILE or QUEEN_CA_FILE" in done.stderr and "ca_file=" not in done.stderr, done.stderr
     trusted = queen("kv", "get", "ns", "k", "--url", https_server.url, "--ca-file", https_server.ca_file)
     assert trusted.returncode == 1 and "cannot connect" not in trusted.stderr, trusted.stderr  # not found
+
+
+def test_the_backup_and_cluster_commands_hint_at_queen_serve_too(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    backup = queen("backup", str(tmp_path / "x.qbk"), "--url", url)
+    switchover = queen("cluster", "switchover", "--url", url)
+    for done in (backup, switchover):
+        assert done.returncode == 69 and url in done.stderr and "`queen serve`" in done.stderr, done.stderr
+
+
+@needs_openssl
+def test_the_backup_command_hints_at_its_ca_file_flag(https_server, tmp_path):
+    done = queen("backup", str(tmp_path / "x.qbk"), "--url", https_server.url)
+    assert done.returncode == 69 and "--ca-file FILE or QUEEN_CA_FILE" in done.stderr, done.stderr
