@@ -22,6 +22,7 @@ from queen.clock import Clock
 from queen.config import Config, is_loopback
 from queen.core.state import Drain, State
 from queen.core.wheel import TICK_MS
+from queen.histogram import answered
 from queen.http.connection import HttpServer, connection_budget, open_listeners
 from queen.http.routes import Api
 from queen.http.tls import server_context
@@ -322,7 +323,7 @@ class Server:
         replicator = Replicator(node_id=config.node_id, data_dir=config.data_dir,
                                 listen=host_port(config.replication_listen), state=state, writer=writer, steps=steps,
                                 clock=clock, disk=self.disk, run_blocking=run_blocking, recovered=recovered,
-                                cluster=config.cluster, faults=self._faults)
+                                cluster=config.cluster, faults=self._faults, sync_timeout_s=config.sync_timeout_s)
         settings = Settings(config.cluster, config.node_id, config.advertise.rstrip("/"), config.replication_listen,
                             leader_ttl_s=config.leader_ttl_s, sync_mode=config.sync_mode,
                             lease_grace_s=config.lease_grace_s)
@@ -363,6 +364,7 @@ class Server:
         if not operator:
             return document
         wal, http = self.writer.statistics(), self.http.statistics()
+        series = [*self.http.app.request_series, self.http.unmatched]
         run_blocking = self.run_blocking or trio.to_thread.run_sync  # a directory listing: off the loop
         log_bytes, segments, snapshots = await run_blocking(_log_on_disk, self.config.data_dir)
         document.update(
@@ -374,7 +376,8 @@ class Server:
                    "meanMs": round(wal.fsync_seconds_total * 1000 / wal.batches, 3) if wal.batches else 0.0,
                    "frames": wal.batches},
             connections={"open": http.connections, "max": http.connections_allowed},
-            requestsTotal=http.requests_total)
+            requestsTotal=http.requests_total, clientErrorsTotal=answered(series, 400, 500),
+            serverErrorsTotal=answered(series, 500, 600))
         return document
 
     def metrics_text(self, tenant: str | None = None) -> str:

@@ -19,13 +19,14 @@ import urllib.error
 import urllib.request
 
 from queen.testing import free_port
+from tests import system_tools
 
 # Debian's etcd-server; QUEEN_TEST_ETCD names another etcd 3.4+ binary.
-ETCD = os.environ.get("QUEEN_TEST_ETCD") or "/usr/bin/etcd"
+ETCD = system_tools.find("etcd") or system_tools.TOOLS["etcd"].path
 
 
 def etcd_installed() -> bool:
-    return os.access(ETCD, os.X_OK)
+    return system_tools.find("etcd") is not None
 
 
 def _b64(text: str) -> str:
