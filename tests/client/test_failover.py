@@ -246,6 +246,17 @@ async def test_a_failover_that_never_ends_gives_up_at_the_failover_timeout_witho
     assert "queen serve" in str(caught.value) and caught.value.url in dead
 
 
+async def test_a_stopping_consumer_gives_its_lease_back_for_no_longer_than_it_says(autojump_clock):
+    # A release rides a failover for up to failover_timeout; a stopping consumer gives up sooner.
+    from queen_client.consumer import RELEASE_GIVE_UP_S, Reconnect, steadily
+
+    async with queen_client.Client(f"http://127.0.0.1:{free_port()}") as client:
+        started = trio.current_time()
+        with pytest.raises(TimeoutError):
+            await steadily(lambda: client.queue("orders").release(7), Reconnect("orders"), RELEASE_GIVE_UP_S)
+        assert trio.current_time() - started == pytest.approx(RELEASE_GIVE_UP_S)
+
+
 async def test_the_waits_follow_the_servers_hint(autojump_clock):
     async with trio.open_nursery() as nursery:
         [refuser] = await nodes(nursery, refusing("no_leader", {"retryAfterMs": 500}))
