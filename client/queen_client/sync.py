@@ -213,7 +213,8 @@ class _Interrupter:
     def __init__(self, thread_id: int, exception: type[BaseException] = LockLost):
         self.thread_id = thread_id
         self.exception = exception
-        self.mutex = threading.Lock()
+        # Re-entrant: a signal handler in the interrupted thread may take it while that thread holds it.
+        self.mutex = threading.RLock()
         self.armed = True
         self.fired = False
 
