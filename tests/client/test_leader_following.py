@@ -67,7 +67,7 @@ async def test_a_redirect_loop_is_followed_once_per_attempt_until_the_failover_t
             given_up_after_s = trio.current_time() - started
             attempts = client.statistics()["retries"] + 1
         assert caught.value.code == "not_leader"
-        assert 4.0 <= given_up_after_s <= 5.0  # the failover timeout, not the retries (no answer ever came)
+        assert 4.0 <= given_up_after_s <= 5.0 + 1e-6  # the failover timeout, not the retries (no answer ever came)
         # Each attempt: one request and one redirect; never a chain.
         assert len(a.seen) + len(b.seen) == 2 * attempts
         nursery.cancel_scope.cancel()
