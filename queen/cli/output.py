@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"queen: rejected: {error.code}: {error.message}", file=sys.stderr)
         return EXIT_REJECTED
     except CannotConnect as error:
-        print(f"queen: cannot connect to {error.url}: {error.cause}; {cannot_connect_hint(error)}", file=sys.stderr)
+        print(f"queen: cannot connect to {error.url}: {error.cause}; {connect_hint(error.certificate, error.cause)}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     except ClientError as error:  # unreachable, 503, or an answer we could not use
         print(f"queen: {error}", file=sys.stderr)
@@ -128,13 +128,9 @@ def wait_s(text: str | None, longest_s: float | None, flag: str = "--wait") -> f
     return value
 
 
-def cannot_connect_hint(error) -> str:
-    """What to do about a CannotConnect, in the command's words (its flags, not the SDK's names)."""
-    return connect_hint(error.certificate, error.cause)
-
-
 def connect_hint(certificate: bool, cause: str) -> str:
-    """What to do when no connection could be made: start a server there, or trust its CA."""
+    """What to do when no connection could be made, in the command's words (its flags, not the
+    SDK's names): start a server there, or trust its CA."""
     if not certificate:
         return "is a Queen server running there? `queen serve` starts one (or give its address: --url or QUEEN_URL)"
     if "hostname mismatch" in cause.lower():
