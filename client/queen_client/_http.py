@@ -3,36 +3,53 @@
 Owns: pools of keep-alive connections to the nodes it was given (at most `connections_max` open at
 once in all, so callers queue rather than open sockets without bound), one request/response cycle
 per borrowed connection, which node is the leader as far as it knows, and the retry policy
-(`Transport.call`): transport errors and 503 are retried with capped, jittered exponential backoff
-only when the caller says the call is safe to repeat.
+(`Transport.call`).
+
+The retry policy, by what the failure says about the call:
+  - Nothing was applied (no connection could be made; a 503 `no_leader`, `not_leader`,
+    `shutting_down`, `too_many_connections`, `paused`, `sync_unavailable` with `details.applied`
+    false; a 307 loop; a 429 `rate_limited`): any call goes again.
+  - The outcome is unknown (sent, then the connection broke or timed out; a 503 `leader_lost`, or
+    `sync_unavailable` with `details.applied` "unknown"): a call safe to repeat goes again; any
+    other raises OutcomeUnknown. Other 503s (`not_durable`...) go again only when safe, and are
+    raised as they are otherwise.
+  - A failover (the leader unreachable, gone, or changing: the connection errors and the leader
+    codes above, `shutting_down` and `sync_unavailable` included) is retried until
+    `failover_timeout_s` after the call began; anything else `retries_max` times. The waits follow
+    the server's hint (`details.retryAfterMs`, else Retry-After) and otherwise back off from 50 ms
+    doubling to 2 s with full jitter, so a crowd of clients does not come back in step.
 
 Several nodes (a cluster): calls go to the cached leader. A 307 (a follower naming the leader) is
-followed once per call, method and body kept, and its target cached as the leader. A 503
-`no_leader` / `not_leader` applied nothing, so any call is tried again, on the next node, after
-its Retry-After. A connection error moves the cache to the next node; only a call safe to repeat
-is then tried again there (for a write the outcome is unknown, as on one node).
+followed once per attempt, method and body kept, and its target cached as the leader. A node that
+refuses as not the leader, stopped leading, or cannot be reached moves the cache to the next node.
 
-Never: follows more than one redirect per call, speaks anything but JSON to Queen, or retries a
-call it was not told is safe unless the server said nothing was applied. A connection whose cycle
-was interrupted (error, timeout, cancellation) is closed, never reused, since its next answer
-could belong to the interrupted request.
+Never: follows more than one redirect per attempt, speaks anything but JSON to Queen, or sends a
+call again after an attempt with an unknown outcome unless the caller said it is safe. A connection
+whose cycle was interrupted (error, timeout, cancellation) is closed, never reused, since its next
+answer could belong to the interrupted request.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import socket
 import ssl
+from dataclasses import dataclass
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
 import h11
-import orjson
 
+from queen_client import values
 from queen_client.errors import (
     ApiError,
+    CannotConnect,
+    ClientError,
+    OutcomeUnknown,
     RateLimited,
     RequestTimeout,
     TransportError,
@@ -47,10 +64,38 @@ RECEIVE_BYTES = 65536
 # lost the server at once does not come back in step.
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 2.0
-# 503 codes the server answers before reading or applying anything: repeating any call is safe.
-NOTHING_APPLIED_503 = frozenset({"too_many_connections", "paused"})
-# 503 codes of a cluster node that is not the serving leader (nothing applied): try the next node.
-LEADER_REFUSALS = frozenset({"no_leader", "not_leader"})
+BACKOFF_DOUBLINGS_MAX = 16  # past this the cap holds anyway; keeps 2 ** attempt small
+DEFAULT_FAILOVER_TIMEOUT_S = 15.0  # an election (a 2-10 s leader lease) and a margin to find the new leader
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """What a 503 says about the call: whether `nothing_applied`; whether it is a `failover` (the
+    leader gone or changing: retried until the failover timeout); whether the node `moves_on`
+    (it does not lead: the next call goes to the next node)."""
+
+    nothing_applied: bool
+    failover: bool
+    moves_on: bool
+
+
+OTHER_503 = Refusal(nothing_applied=False, failover=False, moves_on=False)  # not_durable, etcd_unavailable...
+REFUSALS_503 = {
+    "too_many_connections": Refusal(nothing_applied=True, failover=False, moves_on=False),
+    "paused": Refusal(nothing_applied=True, failover=False, moves_on=False),
+    "shutting_down": Refusal(nothing_applied=True, failover=True, moves_on=True),
+    "no_leader": Refusal(nothing_applied=True, failover=True, moves_on=True),
+    "not_leader": Refusal(nothing_applied=True, failover=True, moves_on=True),
+    # The node stopped leading while it held the call: it may be on the new leader.
+    "leader_lost": Refusal(nothing_applied=False, failover=True, moves_on=True),
+}
+SYNC_UNAVAILABLE = "sync_unavailable"  # the leader's sync set is out of reach; details.applied says the rest
+
+
+def refusal_of(error: UnavailableError) -> Refusal:
+    if error.code == SYNC_UNAVAILABLE:
+        return Refusal(nothing_applied=error.details.get("applied") is False, failover=True, moves_on=False)
+    return REFUSALS_503.get(error.code, OTHER_503)
 
 
 def parse_urls(urls) -> list[str]:
@@ -68,7 +113,7 @@ def parse_urls(urls) -> list[str]:
 
 
 def backoff_s(attempt: int) -> float:
-    return random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_FIRST_S * (2 ** attempt)))
+    return random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_FIRST_S * (2 ** min(attempt, BACKOFF_DOUBLINGS_MAX))))
 
 
 # A connection idle for longer than this is peeked at before reuse. The server closes idle ones
@@ -125,7 +170,8 @@ class Transport:
     one string of them separated by commas). Create it anywhere; use it from one event loop."""
 
     def __init__(self, base_url, *, connections_max: int = 16, timeout_s: float = 10.0,
-                 retries_max: int = 5, ssl_context: ssl.SSLContext | None = None, token: str | None = None):
+                 retries_max: int = 5, ssl_context: ssl.SSLContext | None = None, token: str | None = None,
+                 failover_timeout_s: float | None = DEFAULT_FAILOVER_TIMEOUT_S):
         self.endpoints = [_Endpoint(url) for url in parse_urls(base_url)]
         self._known = {endpoint.base_url: endpoint for endpoint in self.endpoints}
         self.leader = self.endpoints[0]  # where calls go: the node that answered last, or a 307 named
@@ -135,6 +181,7 @@ class Transport:
         self._authorization = None if not token else ("authorization", b"Bearer " + token.encode())
         self.timeout_s = timeout_s
         self.retries_max = retries_max
+        self.failover_timeout_s = failover_timeout_s  # None or 0: a failover gets retries_max retries too
         self.connections_max = connections_max
         self._slots = anyio.Semaphore(connections_max)
         self.requests = 0  # statistics
@@ -152,23 +199,31 @@ class Transport:
     # -- one cycle ---------------------------------------------------------------------------------
 
     async def _open(self, endpoint: _Endpoint) -> _Connection:
+        """A new connection (TLS included): CannotConnect when there is none, since then nothing
+        of the call was sent."""
         try:
             stream = await anyio.connect_tcp(endpoint.host, endpoint.port, tls=endpoint.tls,
                                              ssl_context=self.ssl_context)
-        except OSError as error:
-            raise TransportError(f"cannot connect to {endpoint.base_url}: {error}") from error
+        except ssl.SSLCertVerificationError as error:
+            raise CannotConnect(endpoint.base_url, str(error), certificate=True) from error
+        except (OSError, anyio.BrokenResourceError, anyio.EndOfStream) as error:
+            raise CannotConnect(endpoint.base_url, _why_not_connected(error)) from error
         return _Connection(stream)
 
     async def request(self, method: str, path: str, body: bytes | None = None,
-                      timeout_s: float | None = None, endpoint: _Endpoint | None = None) -> tuple[int, dict, bytes]:
+                      timeout_s: float | None = None, endpoint: _Endpoint | None = None, *,
+                      peek: bool = False) -> tuple[int, dict, bytes]:
         """One request on a pooled connection to endpoint (default: the leader as far as we know):
-        (status, lower-cased headers, body)."""
+        (status, lower-cased headers, body). peek: check every idle connection before reusing it,
+        not only those idle for a while: for a call that is not safe to repeat, a write into a
+        connection the server already closed (it died, say) would leave its outcome unknown."""
         endpoint = endpoint or self.leader
         async with self._slots:
             connection = None
             while endpoint.idle:
                 candidate = endpoint.idle.pop()
-                if anyio.current_time() - candidate.idle_since > IDLE_PEEK_AFTER_S and candidate.looks_closed():
+                if ((peek or anyio.current_time() - candidate.idle_since > IDLE_PEEK_AFTER_S)
+                        and candidate.looks_closed()):
                     await _close(candidate)
                     continue
                 connection = candidate
@@ -180,8 +235,9 @@ class Transport:
                         connection = await self._open(endpoint)
                     status, headers, data, reusable = await self._cycle(connection, endpoint, method, path, body)
             except TimeoutError:
-                if connection is not None:
-                    await _close(connection)
+                if connection is None:  # no connection in time: nothing was sent
+                    raise CannotConnect(endpoint.base_url, "no connection in time") from None
+                await _close(connection)
                 raise RequestTimeout(f"{method} {path}: no answer from {endpoint.base_url} in time") from None
             except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
                     h11.ProtocolError) as error:
@@ -241,60 +297,91 @@ class Transport:
     # -- calls with the retry policy ---------------------------------------------------------------
 
     async def call(self, method: str, path: str, document=None, *, safe: bool,
-                   timeout_s: float | None = None, deadline: float | None = None):
-        """The decoded JSON answer of a 2xx, or an exception of the ClientError family.
+                   timeout_s: float | None = None, deadline: float | None = None,
+                   missed_if_echo=None):
+        """The decoded answer of a 2xx, or an exception of the ClientError family.
 
-        safe: the call may be sent again with the same effect (a read, or a lock call carrying an
-        owner); only then are transport errors and 503 retried. deadline: on the event loop's
-        clock, no retry starts after it (the caller usually also wraps the call in a cancel scope)."""
-        body = None if document is None else orjson.dumps(document)
+        safe: the call may be sent again with the same effect (a read, a lock call carrying an
+        owner, a push whose items carry a transactionId, an ack, a conditional write); only then
+        is it sent again after an attempt whose outcome is unknown. Otherwise such an attempt
+        raises OutcomeUnknown. A call that provably was not applied (no connection; a refusal that
+        applied nothing) is sent again whatever it is.
+        missed_if_echo: for a conditional write, a test of its answer: true when it did not apply,
+        which, after an attempt whose outcome is unknown, may be that attempt's own doing (its
+        `expect` no longer holds because it applied), so OutcomeUnknown is raised instead.
+        deadline: on the event loop's clock, no retry starts after it (the caller usually also wraps
+        the call in a cancel scope). Without one, a failover (see the module docstring) is retried
+        until failover_timeout_s from the first attempt, anything else retries_max times."""
+        body = None if document is None else values.encode(document)
+        failover_until = None if not self.failover_timeout_s else anyio.current_time() + self.failover_timeout_s
         attempt = 0
-        redirected = False
+        unknown: ClientError | None = None  # what left an earlier attempt's outcome unknown
+
+        def give_up(error: ClientError) -> NoReturn:
+            if unknown is not None and missed_if_echo is not None:
+                # A conditional write whose earlier attempt may have applied: its outcome, not the last error.
+                raise OutcomeUnknown(method, path, unknown) from error
+            raise error
+
         while True:
             endpoint = self.leader
             try:
-                status, headers, data = await self.request(method, path, body, timeout_s, endpoint)
-                if status == 307 and not redirected:
-                    # A follower named the leader: nothing was applied. Once per call.
+                status, headers, data = await self.request(method, path, body, timeout_s, endpoint, peek=not safe)
+                if status == 307:
+                    # A follower named the leader: nothing was applied. Once per attempt.
                     target = self._redirect_target(headers.get("location"), path)
                     if target is not None:
-                        redirected = True
                         self.redirects += 1
                         self.leader = endpoint = target
-                        status, headers, data = await self.request(method, path, body, timeout_s, target)
-            except TransportError as error:
+                        status, headers, data = await self.request(method, path, body, timeout_s, target,
+                                                                   peek=not safe)
+            except CannotConnect as error:
                 self._move_on(endpoint)
-                if not safe or not self._may_retry(attempt, deadline, 0.0):
-                    raise
-                await self._pause(attempt, deadline, 0.0, why=(method, path, error))
+                if error.certificate or not await self._retry(attempt, deadline, failover_until, 0.0,
+                                                              why=(method, path, error)):
+                    give_up(error)
+                attempt += 1
+                continue
+            except TransportError as error:  # sent, and no whole answer came
+                self._move_on(endpoint)
+                if not safe:
+                    raise OutcomeUnknown(method, path, error) from error
+                unknown = error
+                if not await self._retry(attempt, deadline, failover_until, 0.0, why=(method, path, error)):
+                    give_up(error)
                 attempt += 1
                 continue
             if 200 <= status < 300:
-                return orjson.loads(data) if data else None
-            if status == 307:  # a second redirect in one call: a refusal that applied nothing
+                answer = values.decode(data) if data else None
+                if unknown is not None and missed_if_echo is not None and missed_if_echo(answer):
+                    raise OutcomeUnknown(method, path, unknown)
+                return answer
+            if status == 307:  # a second redirect in one attempt: a refusal that applied nothing
                 error: ApiError = UnavailableError(307, "not_leader", "redirected more than once",
                                                    {"location": headers.get("location")}, None)
             else:
                 error = from_response(status, data, headers.get("retry-after"))
-            if isinstance(error, UnavailableError) and error.code in LEADER_REFUSALS:
-                # A node that is not the serving leader refused before applying anything: any call
-                # may go again (below), on the next node, after the hint.
-                self._move_on(endpoint)
             if isinstance(error, RateLimited) and error.code == "rate_limited":
                 # Refused before anything was applied, and over once the bucket refills: wait as told.
                 wait_s = error.retry_after_s or 0.0
-                if self._may_retry(attempt, deadline, wait_s):
-                    await self._pause(attempt, deadline, wait_s, exact=True, why=(method, path, error))
+                if await self._retry(attempt, deadline, None, wait_s, exact=True, why=(method, path, error)):
                     attempt += 1
                     continue
-            elif isinstance(error, UnavailableError) and (safe or error.code in NOTHING_APPLIED_503
-                                                          or error.code in LEADER_REFUSALS):
-                hint = min(error.retry_after_s or 0.0, BACKOFF_MAX_S)
-                if self._may_retry(attempt, deadline, hint):
-                    await self._pause(attempt, deadline, hint, why=(method, path, error))
-                    attempt += 1
-                    continue
-            raise error
+                give_up(error)
+            if not isinstance(error, UnavailableError):
+                give_up(error)
+            refusal = refusal_of(error)
+            if refusal.moves_on:
+                self._move_on(endpoint)
+            if not refusal.nothing_applied:
+                if not safe:
+                    raise OutcomeUnknown(method, path, error) if refusal.failover else error
+                unknown = error
+            hint = min(error.retry_after_s or 0.0, BACKOFF_MAX_S)
+            if not await self._retry(attempt, deadline, failover_until if refusal.failover else None, hint,
+                                     why=(method, path, error)):
+                give_up(error)
+            attempt += 1
 
     def _redirect_target(self, location: str | None, path: str) -> _Endpoint | None:
         """The node a 307's Location names (its base URL: the Location less the path we asked for)."""
@@ -317,30 +404,49 @@ class Transport:
         index = self.endpoints.index(endpoint) + 1 if endpoint in self.endpoints else 0
         self.leader = self.endpoints[index % len(self.endpoints)]
 
-    def _may_retry(self, attempt: int, deadline: float | None, hint_s: float) -> bool:
-        if deadline is not None:
-            return anyio.current_time() + hint_s < deadline
-        return attempt < self.retries_max
+    async def _retry(self, attempt: int, deadline: float | None, failover_until: float | None, hint_s: float,
+                     exact: bool = False, *, why: tuple[str, str, Exception]) -> bool:
+        """Wait before attempt + 1, or False when there is to be none: past the caller's deadline,
+        past failover_until (a failover: the leader gone, or changing), else after retries_max.
 
-    async def _pause(self, attempt: int, deadline: float | None, hint_s: float, exact: bool = False, *,
-                     why: tuple[str, str, Exception]) -> None:
-        """exact: wait the hint (and up to a tenth more, so a crowd does not come back in step),
+        exact: wait the hint (and up to a tenth more, so a crowd does not come back in step),
         not the growing backoff: the server said when there will be room. Each retry is logged at
         warning: the call succeeds in the end, but a broker that keeps refusing is worth seeing."""
+        until = deadline if deadline is not None else failover_until
+        now = anyio.current_time()
+        if until is not None and now + hint_s >= until or until is None and attempt >= self.retries_max:
+            return False
         self.retries += 1
         delay = hint_s * random.uniform(1.0, 1.1) if exact else max(hint_s, backoff_s(attempt))
-        if deadline is not None:
-            delay = max(0.0, min(delay, deadline - anyio.current_time()))
+        if until is not None:
+            delay = max(0.0, min(delay, until - now))
         method, path, error = why
         logger.warning("event=request_retry method=%s path=%s attempt=%d delay_s=%.2f error=%r", method,
                        path.split("?", 1)[0], attempt + 1, delay, str(error))
         await anyio.sleep(delay)
+        return True
 
     async def aclose(self) -> None:
         for endpoint in self._known.values():
             idle, endpoint.idle = endpoint.idle, []
             for connection in idle:
                 await _close(connection)
+
+
+def _why_not_connected(error: BaseException) -> str:
+    """The reason a connection failed, in words ("Connection refused"): anyio says "All connection
+    attempts failed" and keeps each attempt's error as the cause."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, BaseExceptionGroup):
+            seen = seen.exceptions[0]
+            continue
+        if isinstance(seen, socket.gaierror):
+            return seen.strerror or str(seen)
+        if isinstance(seen, OSError) and seen.errno:
+            return os.strerror(seen.errno)  # the same words under asyncio and Trio
+        seen = seen.__cause__
+    return str(error) or type(error).__name__
 
 
 async def _close(connection: _Connection) -> None:

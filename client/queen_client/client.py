@@ -20,9 +20,11 @@ from urllib.parse import urlencode
 import anyio
 import anyio.abc
 
-from queen_client._http import Transport, parse_urls
+from queen_client._http import DEFAULT_FAILOVER_TIMEOUT_S, Transport, parse_urls
+from queen_client.durations import seconds
 from queen_client.kv import Kv
 from queen_client.locks import Lock, Locks, Semaphore
+from queen_client.options import TTL, wire_names
 from queen_client.queues import Queue
 from queen_client.timers import Timers
 from queen_client.txn import Transaction
@@ -48,7 +50,8 @@ def tls_context(url, ca_file: str | None) -> ssl.SSLContext | None:
 
 class Client:
     def __init__(self, url: str | Sequence[str] | None = None, *, token: str | None = None, ca_file: str | None = None,
-                 connections_max: int = 16, timeout_s: float = 10.0, retries_max: int = 5):
+                 connections_max: int = 16, timeout_s: float = 10.0, retries_max: int = 5,
+                 failover_timeout=DEFAULT_FAILOVER_TIMEOUT_S):
         """url: the broker, or a cluster's nodes (a list, or one string with commas; default:
         QUEEN_URL, which may list several too): calls go to the leader, found by following a
         follower's 307 and cached; a node that is not the leader, or unreachable, is passed over for
@@ -56,11 +59,17 @@ class Client:
         signed an https server's certificate, when not one the system trusts (default:
         QUEEN_CA_FILE); connections_max: open connections at most (more concurrent calls queue);
         timeout_s: per request attempt; retries_max: attempts after the first, for calls safe to
-        repeat (and for any call refused by the tenant's write rate, after its Retry-After)."""
+        repeat (and for any call refused by the tenant's write rate, after its Retry-After);
+        failover_timeout ("15s", a timedelta or seconds; None or 0: off, retries_max then applies):
+        how long a call rides through a failover (the leader unreachable, gone or changing), sent
+        again on the new leader when it is safe to repeat or provably was not applied; any other
+        call whose attempt has an unknown outcome raises OutcomeUnknown (see README, "Failover")."""
         self.url = url if isinstance(url, str) and url else ",".join(url) if url else default_url()
         self._transport = Transport(self.url, connections_max=connections_max, timeout_s=timeout_s,
                                     retries_max=retries_max, ssl_context=tls_context(self.url, ca_file),
-                                    token=token if token is not None else os.environ.get("QUEEN_TOKEN"))
+                                    token=token if token is not None else os.environ.get("QUEEN_TOKEN"),
+                                    failover_timeout_s=seconds(failover_timeout, "failover_timeout")
+                                    if failover_timeout else None)
         self.kv = Kv(self._transport)
         self.locks = Locks(self)
         self.timers = Timers(self._transport)
@@ -105,10 +114,12 @@ class Client:
 
     # -- handles -----------------------------------------------------------------------------------
 
+    @wire_names(**TTL)
     def lock(self, name: str, *, ttl, owner: str | None = None, auto_renew: bool = True) -> Lock:
         """A handle on lock `name` with lifetime `ttl` ("30s", a timedelta or seconds)."""
         return Lock(self, name, ttl=ttl, owner=owner, auto_renew=auto_renew)
 
+    @wire_names(**TTL)
     def semaphore(self, name: str, n: int, *, ttl, owner: str | None = None, auto_renew: bool = True) -> Semaphore:
         """A handle on one of the `n` permits of `name`. Every holder of one name passes the same n."""
         return Semaphore(self, name, n, ttl=ttl, owner=owner, auto_renew=auto_renew)

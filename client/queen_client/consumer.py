@@ -68,11 +68,16 @@ class Reconnect:
 
 
 async def steadily(call, reconnect: Reconnect, give_up_s: float | None = None):
-    """call()'s answer, waiting out errors that heal (for at most give_up_s, then the last error)."""
+    """call()'s answer, waiting out errors that heal (for at most give_up_s, then the last error,
+    or TimeoutError when a call itself, riding out a failover, outlasts it)."""
     deadline = None if give_up_s is None else anyio.current_time() + give_up_s
     while True:
         try:
-            answer = await call()
+            if deadline is None:
+                answer = await call()
+            else:
+                with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+                    answer = await call()
         except Exception as error:  # noqa: BLE001 - sorted just below: healing or not
             if not heals(error) or (deadline is not None and anyio.current_time() >= deadline):
                 raise

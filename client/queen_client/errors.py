@@ -27,6 +27,46 @@ class RequestTimeout(TransportError):
     """No whole answer within the call's timeout. The call may or may not have been applied."""
 
 
+class CannotConnect(TransportError):
+    """Nothing was sent: no connection to `url` could be made (refused: nothing listens there; an
+    unknown or unreachable host; or no TLS session, `certificate` when the server's certificate was
+    not trusted). The call was not applied, so the SDK tries any call again, on the next node,
+    within its failover timeout; a certificate it does not trust is raised at once (waiting does
+    not help). The message ends with a hint: `queen serve`, or `ca_file=` / QUEEN_CA_FILE."""
+
+    def __init__(self, url: str, cause: str, *, certificate: bool = False):
+        self.url = url
+        self.cause = cause
+        self.certificate = certificate
+        super().__init__(f"cannot connect to {url}: {cause}; {self.hint}")
+
+    @property
+    def hint(self) -> str:
+        if not self.certificate:
+            return "is a Queen server running there? (`queen serve` starts one)"
+        if "hostname mismatch" in self.cause.lower():
+            return "the server's certificate is not for this host name: use a name the certificate lists"
+        return ("the server's certificate is not signed by a CA this client trusts: give the CA's certificate "
+                "file as ca_file=... (Client or SyncClient) or in QUEEN_CA_FILE")
+
+
+class OutcomeUnknown(TransportError):
+    """The call was sent and whether it was applied is unknown, and it is not one the SDK may send
+    again blindly: the connection broke or timed out before the whole answer came, or the node
+    stopped leading while it held the call (503 `leader_lost`, or `sync_unavailable` with
+    `details.applied` "unknown"), or a conditional write sent again after such an attempt missed
+    (the miss may be its own first attempt's doing). `cause` is the error that left it unknown.
+    Read the state (the key's version, the lock's holders, the message's state) before doing it
+    again. Calls safe to repeat are repeated instead, and never raise this."""
+
+    def __init__(self, method: str, path: str, cause: ClientError):
+        super().__init__(f"{method} {path.split('?', 1)[0]}: the outcome is unknown ({cause}); it may or may not "
+                         "have been applied: read the state before doing it again")
+        self.method = method
+        self.path = path
+        self.cause = cause
+
+
 class ApiError(ClientError):
     """The server answered with its error document: `code` (snake_case), `message`, `details`,
     and the HTTP `status`."""

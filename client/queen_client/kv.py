@@ -1,9 +1,13 @@
 """The KV half of the SDK: typed results, and the calls of `client.kv`.
 
 Results are small frozen objects with snake_case fields; the camelCase of the wire stops here.
-Reads are safe to repeat, so they are retried on transport errors and 503; writes are not (a
-repeated put takes a new version, a repeated incr counts twice), so their failures reach the
-caller, who knows whether repeating is right.
+Reads are safe to repeat, so they are retried on transport errors and 503 and ride a failover.
+So are conditional writes (a put, delete or incr with `expect`, a putIfAbsent): sent again after
+an attempt whose outcome is unknown, one that applies proves the first did not (its `expect`
+would have missed); one that misses may be the first attempt's own doing, so it raises
+OutcomeUnknown rather than report a miss. Other writes are not repeated (a repeated put takes a
+new version, a repeated incr counts twice): OutcomeUnknown reaches the caller, who knows whether
+repeating is right.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from queen_client.durations import lifetime_fields
+from queen_client.options import TTL, wire_names
 
 PAGE_ITEMS_MAX = 1000  # the server's limit on one getPrefix page
 
@@ -109,6 +114,15 @@ def given(wire: dict, **fields) -> dict:
     return wire
 
 
+def conditional(op: dict) -> bool:
+    """A KV write that applies only if the key is as expected: sent again, it cannot apply twice."""
+    return op["op"] == "putIfAbsent" or "expect" in op
+
+
+def _first_missed(answer: dict) -> bool:
+    return not answer["results"][0]["applied"]
+
+
 class Kv:
     """`client.kv`: every KV operation as one call."""
 
@@ -118,6 +132,13 @@ class Kv:
     async def _one(self, op: dict, safe: bool) -> dict:
         answer = await self._transport.call("POST", "/api/v1/kv", {"operations": [op]}, safe=safe)
         return answer["results"][0]
+
+    async def _write(self, op: dict) -> WriteResult:
+        """A write; a conditional one is safe to repeat, and a miss of a repeat is not taken for one."""
+        repeatable = conditional(op)
+        answer = await self._transport.call("POST", "/api/v1/kv", {"operations": [op]}, safe=repeatable,
+                                            missed_if_echo=_first_missed if repeatable else None)
+        return WriteResult.from_wire(answer["results"][0])
 
     async def get(self, ns: str, key: str) -> Item:
         return Item.from_wire(key, await self._one({"op": "get", "ns": ns, "key": key}, safe=True))
@@ -145,25 +166,28 @@ class Kv:
                 return
             cursor = page.cursor
 
+    @wire_names(**TTL)
     async def put(self, ns: str, key: str, value, *, ttl=None, forever: bool = False,
                   expect: int | None = None) -> WriteResult:
         """Write `value`; with `expect`, only if the key's version is that (0 = absent)."""
-        op = write_op("put", ns, key, value=value, has_value=True, ttl=ttl, forever=forever, expect=expect)
-        return WriteResult.from_wire(await self._one(op, safe=False))
+        return await self._write(write_op("put", ns, key, value=value, has_value=True, ttl=ttl, forever=forever,
+                                          expect=expect))
 
+    @wire_names(**TTL)
     async def put_if_absent(self, ns: str, key: str, value, *, ttl=None, forever: bool = False) -> WriteResult:
-        op = write_op("putIfAbsent", ns, key, value=value, has_value=True, ttl=ttl, forever=forever)
-        return WriteResult.from_wire(await self._one(op, safe=False))
+        return await self._write(write_op("putIfAbsent", ns, key, value=value, has_value=True, ttl=ttl,
+                                          forever=forever))
 
     async def delete(self, ns: str, key: str, *, expect: int | None = None) -> WriteResult:
-        return WriteResult.from_wire(await self._one(write_op("delete", ns, key, expect=expect), safe=False))
+        return await self._write(write_op("delete", ns, key, expect=expect))
 
+    @wire_names(**TTL)
     async def incr(self, ns: str, key: str, by: int = 1, *, max: int | None = None, min: int | None = None,
                    ttl=None, forever: bool = False, expect: int | None = None) -> WriteResult:
         """Add `by` to an integer (absent counts as 0); past `max`/`min` it does not apply
         (reason "limit", `value` the counter as it stands)."""
-        op = write_op("incr", ns, key, ttl=ttl, forever=forever, expect=expect, by=by, max=max, min=min)
-        return WriteResult.from_wire(await self._one(op, safe=False))
+        return await self._write(write_op("incr", ns, key, ttl=ttl, forever=forever, expect=expect, by=by, max=max,
+                                          min=min))
 
     async def check(self, ns: str, key: str, expect: int) -> CheckResult:
         """Whether the key's version is `expect` (0 = absent). Writes nothing."""

@@ -31,6 +31,7 @@ import anyio
 from queen_client.durations import seconds, ttl_seconds
 from queen_client.errors import ApiError, ClientError, LockLost, LockNotAcquired
 from queen_client.lease import Lease, LostReason, State
+from queen_client.options import TTL, WAIT, wire_names
 
 logger = logging.getLogger(__name__)
 
@@ -483,6 +484,7 @@ class Locks:
     def __init__(self, client):
         self._client = client
 
+    @wire_names(**TTL, **WAIT)
     async def acquire(self, name: str, *, ttl, owner: str | None = None, limit: int = 1,
                       wait=None) -> LockAnswer:
         """Take a permit of `name` (one of `limit`) for `ttl`; `wait` ("10s", at most 60 s: one call
@@ -500,6 +502,7 @@ class Locks:
         [result] = await self.call(op)
         return LockAnswer.from_wire(name, "acquired", result)
 
+    @wire_names(**TTL)
     async def renew(self, name: str, *, slot: int, token: int, ttl, owner: str | None = None) -> LockAnswer:
         """Extend a held permit by `ttl` from now; the answer carries the new token."""
         op = {"op": "renew", "name": name, "slot": slot, "token": token, "ttlSeconds": ttl_seconds(ttl)}

@@ -24,10 +24,10 @@ uses: its messages come back when it expires).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import signal
-import threading
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -40,6 +40,8 @@ from queen_client import consumer
 from queen_client.durations import seconds as seconds_of
 from queen_client.errors import Interrupted, say_interrupted
 from queen_client.kv import given
+from queen_client.options import GROUP, IDS, WAIT, queue_options, wire_names
+from queen_client.stop_signals import STOP_SIGNALS
 
 logger = logging.getLogger(__name__)
 
@@ -217,11 +219,15 @@ class Queue:
     # -- producing ------------------------------------------------------------------------------
 
     async def configure(self, **options) -> dict:
-        """Set options (leaseTimeSeconds=60, retryLimit=5, ...; the README lists them); those left out
-        keep their value. Answers every effective option."""
-        answer = await self._transport.call("POST", "/api/v1/configure", {"queue": self.name, "options": options}, safe=True)
+        """Set options (lease_time_seconds=60, retry_limit=5, ..., or as the wire spells them:
+        leaseTimeSeconds=60, retryLimit=5; the README lists them); those left out keep their value.
+        Answers every effective option, as the wire spells them. A name that is no option raises
+        TypeError ("did you mean ...") before anything is sent."""
+        body = {"queue": self.name, "options": queue_options(options)}
+        answer = await self._transport.call("POST", "/api/v1/configure", body, safe=True)
         return answer["options"]
 
+    @wire_names(**IDS)
     async def push(self, payload, *, partition: str | None = None, transaction_id: str | None = None,
                    trace_id: str | None = None) -> PushResult:
         """Append one message. Without a transaction_id one is generated, so the call is safe to send
@@ -248,6 +254,7 @@ class Queue:
 
     # -- consuming ------------------------------------------------------------------------------
 
+    @wire_names(**GROUP, **WAIT, autoAck="auto_ack", subscriptionMode="mode")
     async def pop(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, partition: str | None = None,
                   wait=None, auto_ack: bool = False, mode: str = "all") -> Delivery:
         """Take up to `batch` messages (from up to `partitions` partitions, or from `partition`)
@@ -290,6 +297,7 @@ class Queue:
             message.settled = True
         return [AckResult.from_wire(result) for result in answer]
 
+    @wire_names(leaseId="lease_id", partitionId="partition_id", **GROUP)
     async def ack_offset(self, lease_id: int, partition_id: int, offset: int, status: str = "completed", *,
                          error: str | None = None, group: str | None = None) -> AckResult:
         """Ack a message named by the ids a pop gave (a script's, or another process's, delivery)."""
@@ -297,6 +305,7 @@ class Queue:
                      error=error, consumerGroup=group)
         return AckResult.from_wire(await self._transport.call("POST", "/api/v1/ack", wire, safe=True))
 
+    @wire_names(leaseId="lease_id")
     async def extend(self, lease_id: int, seconds: int | None = None) -> bool:
         """Push the lease's end to now + seconds (the queue's lease time by default); False when the
         lease is no longer live."""
@@ -304,11 +313,13 @@ class Queue:
         answer = await self._transport.call("POST", f"/api/v1/lease/{lease_id}/extend", body, safe=True)
         return answer["success"]
 
+    @wire_names(leaseId="lease_id")
     async def release(self, lease_id: int) -> bool:
         """End the lease now: its unacked messages go to the next consumer, retry_count unchanged."""
         answer = await self._transport.call("POST", f"/api/v1/lease/{lease_id}/release", {}, safe=True)
         return answer["success"]
 
+    @wire_names(**GROUP, **WAIT)
     def consume(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
                 lease=None) -> AsyncIterator[Message]:
         """Every message of the queue for `group`, one at a time, forever (see the module docstring
@@ -316,13 +327,15 @@ class Queue:
         connection is waited out (client/queen_client/consumer.py). Needs `async with queen_client.Client()`."""
         return self.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease)
 
+    @wire_names(**GROUP, **WAIT)
     async def process(self, handler: Callable[[Message], object | Awaitable[object]], *, group: str | None = None,
                       batch: int = 1, partitions: int = 1, wait="30s", lease=None, grace="10s",
                       stop=None, handle_signals: bool = True) -> None:
         """Run handler(message) for every message: its return acks "completed", its exception
         acks "failed" with the error's text. Goes on through broker restarts and dropped
         connections. Stops gracefully when `stop` (an asyncio.Event, trio.Event or anyio.Event)
-        is set, or on SIGTERM or Ctrl-C (handle_signals, in the main thread): no new pop, the
+        is set, or on SIGTERM or Ctrl-C (handle_signals; every loop of the process stops on the
+        first one, queen_client/stop_signals.py): no new pop, the
         running handler gets up to `grace` to finish, what finished is acked and the lease
         released, so the rest is delivered again at once with its retry count unchanged; a second
         signal cuts the grace short. Returns after a stop or SIGTERM; raises queen_client.Interrupted
@@ -343,52 +356,54 @@ class Queue:
 
         steps = self.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease,
                                 stopping=stopping)
-        async with anyio.create_task_group() as watchers:
-            if stop is not None:
-                async def relay_stop() -> None:
-                    await stop.wait()
-                    begin_stop(False)
+        # Every loop of the process hears every signal (queen_client/stop_signals.py).
+        with STOP_SIGNALS.receiver() if handle_signals else contextlib.nullcontext() as received:
+            async with anyio.create_task_group() as watchers:
+                if stop is not None:
+                    async def relay_stop() -> None:
+                        await stop.wait()
+                        begin_stop(False)
 
-                watchers.start_soon(relay_stop)
-            if handle_signals and threading.current_thread() is threading.main_thread():
-                async def on_signals() -> None:
-                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+                    watchers.start_soon(relay_stop)
+                if received is not None:
+                    async def on_signals() -> None:
                         async for signum in received:
                             logger.info("event=consumer_stopping queue=%s signal=%s grace_s=%s", self.name,
                                         signal.Signals(signum).name, grace_s)
                             signalled.append(signum)
                             begin_stop(len(signalled) > 1)
 
-                watchers.start_soon(on_signals)
-            try:
-                failure: Exception | None = None
-                while True:
-                    try:
-                        message = await steps.asend(failure)
-                    except StopAsyncIteration:
-                        break
-                    handling = anyio.CancelScope(deadline=anyio.current_time() + grace_s if stopping.is_set()
-                                                 else float("inf"))
-                    failure = None
-                    with handling:
+                    watchers.start_soon(on_signals)
+                try:
+                    failure: Exception | None = None
+                    while True:
                         try:
-                            outcome = handler(message)
-                            if inspect.isawaitable(outcome):
-                                await outcome
-                        except Exception as error:  # noqa: BLE001 - the handler's failure is the message's
-                            failure = error
-                    if handling.cancelled_caught:
-                        logger.warning("event=handler_cut queue=%s offset=%s partition=%s grace_s=%s", self.name,
-                                       message.offset, message.partition, grace_s)
-                        break  # not finished: released with the lease, delivered again unchanged
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await steps.aclose()
-                watchers.cancel_scope.cancel()
+                            message = await steps.asend(failure)
+                        except StopAsyncIteration:
+                            break
+                        handling = anyio.CancelScope(deadline=anyio.current_time() + grace_s if stopping.is_set()
+                                                     else float("inf"))
+                        failure = None
+                        with handling:
+                            try:
+                                outcome = handler(message)
+                                if inspect.isawaitable(outcome):
+                                    await outcome
+                            except Exception as error:  # noqa: BLE001 - the handler's failure is the message's
+                                failure = error
+                        if handling.cancelled_caught:
+                            logger.warning("event=handler_cut queue=%s offset=%s partition=%s grace_s=%s", self.name,
+                                           message.offset, message.partition, grace_s)
+                            break  # not finished: released with the lease, delivered again unchanged
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await steps.aclose()
+                    watchers.cancel_scope.cancel()
         if signal.SIGINT in signalled:
             say_interrupted(self.name)
             raise Interrupted
 
+    @wire_names(**GROUP, **WAIT)
     def deliveries(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s", lease=None,
                    stopping: anyio.Event | None = None) -> AsyncGenerator[Message, Exception | None]:
         """The one delivery loop behind consume() and process(), async and blocking alike
@@ -410,6 +425,7 @@ class Queue:
         """The queue's options, counts and groups (`found: False` if it does not exist)."""
         return await self._transport.call("GET", f"/api/v1/resources/queues/{quote(self.name, safe='')}", safe=True)
 
+    @wire_names(**GROUP)
     async def dlq(self, *, group: str | None = None, limit: int = 100) -> AsyncIterator[dict]:
         """Every DLQ entry of the queue (of `group`), oldest move first."""
         cursor = None
@@ -426,6 +442,7 @@ class Queue:
             if cursor is None:
                 return
 
+    @wire_names(**GROUP)
     async def requeue(self, entries: list[dict], *, group: str | None = None) -> list[bool]:
         """Put DLQ entries (as `dlq()` gives them) back to pending, first in their partitions."""
         body = {"queue": self.name, "consumerGroup": group or DEFAULT_GROUP,
@@ -433,6 +450,7 @@ class Queue:
         answer = await self._transport.call("POST", "/api/v1/dlq/requeue", body, safe=True)
         return [result["requeued"] for result in answer["results"]]
 
+    @wire_names(**GROUP)
     async def purge_dlq(self, *, group: str | None = None) -> int:
         params = {"queue": self.name, **({"consumerGroup": group} if group is not None else {})}
         answer = await self._transport.call("DELETE", f"/api/v1/dlq?{urlencode(params)}", safe=True)

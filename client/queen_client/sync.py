@@ -26,18 +26,21 @@ import functools
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
 import anyio
 from anyio.from_thread import BlockingPortal
 
+from queen_client._http import DEFAULT_FAILOVER_TIMEOUT_S
 from queen_client.client import Client
 from queen_client.errors import Interrupted, LockLost, LockNotAcquired, say_interrupted
 from queen_client.kv import PAGE_ITEMS_MAX, Item, Kv
 from queen_client.locks import Holder, Lock, Locks, RunResult
+from queen_client.options import GROUP, TTL, WAIT, wire_names
 from queen_client.queues import Delivery, Message, Queue
-from queen_client.timers import Timer, Timers
+from queen_client.stop_signals import STOP_SIGNALS
+from queen_client.timers import SCHEDULE, Timer, Timers
 from queen_client.txn import TxnKv, TxnResult
 
 logger = logging.getLogger(__name__)
@@ -62,11 +65,12 @@ _set_async_exc.restype = ctypes.c_int
 
 
 class SyncClient:
-    def __init__(self, url: str | None = None, *, token: str | None = None, ca_file: str | None = None,
-                 connections_max: int = 16, timeout_s: float = 10.0, retries_max: int = 5):
+    def __init__(self, url: str | Sequence[str] | None = None, *, token: str | None = None, ca_file: str | None = None,
+                 connections_max: int = 16, timeout_s: float = 10.0, retries_max: int = 5,
+                 failover_timeout=DEFAULT_FAILOVER_TIMEOUT_S):
         """As queen_client.Client's."""
         self._settings = dict(url=url, token=token, ca_file=ca_file, connections_max=connections_max,
-                              timeout_s=timeout_s, retries_max=retries_max)
+                              timeout_s=timeout_s, retries_max=retries_max, failover_timeout=failover_timeout)
         self._portal: BlockingPortal | None = None
         self._client: Client | None = None
         self._ready = threading.Event()
@@ -80,10 +84,25 @@ class SyncClient:
         self.kv = SyncKv(self)
         self.locks = SyncLocks(self)
         self.timers = SyncTimers(self)
+        # Made in the main thread, it puts the process's SIGTERM/SIGINT handlers in place, so that
+        # process() loops in other threads hear them too (queen_client/stop_signals.py).
+        self._holds_signals = threading.current_thread() is threading.main_thread()
+        if self._holds_signals:
+            STOP_SIGNALS.hold()
         atexit.register(self.close)  # a script that forgets close() still releases what it holds
 
     def __repr__(self) -> str:
         return f"<queen_client.SyncClient {self.url}>"
+
+    @property
+    def epoch(self) -> int | None:
+        """As Client.epoch: the last X-Queen-Epoch a node answered with (None on one node)."""
+        return self._client.epoch
+
+    @property
+    def leader_url(self) -> str:
+        """As Client.leader_url: the node calls go to now."""
+        return self._client.leader_url
 
     def _run_loop(self) -> None:
         try:
@@ -110,6 +129,9 @@ class SyncClient:
         if portal is not None:
             portal.call(portal.stop, True)  # calls in flight (a parked pop) are cancelled, not awaited
             self._thread.join()
+        if self._holds_signals:
+            self._holds_signals = False
+            STOP_SIGNALS.release()
 
     def __enter__(self) -> SyncClient:
         return self
@@ -117,9 +139,11 @@ class SyncClient:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+    @wire_names(**TTL)
     def lock(self, name: str, *, ttl, owner: str | None = None, auto_renew: bool = True) -> SyncLock:
         return SyncLock(self, self._call(lambda: self._client.lock(name, ttl=ttl, owner=owner, auto_renew=auto_renew)))
 
+    @wire_names(**TTL)
     def semaphore(self, name: str, n: int, *, ttl, owner: str | None = None, auto_renew: bool = True) -> SyncLock:
         return SyncLock(self, self._call(lambda: self._client.semaphore(name, n, ttl=ttl, owner=owner, auto_renew=auto_renew)))
 
@@ -183,21 +207,32 @@ class SyncLocks:
 
 
 class _Interrupter:
-    """Raises LockLost once in the thread that holds a `with lock.hold():` block."""
+    """Raises `exception` once in a thread while it is armed: LockLost in the thread that holds a
+    `with lock.hold():` block, a cut in a handler that outlived its grace."""
 
-    def __init__(self, thread_id: int):
+    def __init__(self, thread_id: int, exception: type[BaseException] = LockLost):
         self.thread_id = thread_id
-        self.mutex = threading.Lock()
+        self.exception = exception
+        # Re-entrant: a signal handler in the interrupted thread may take it while that thread holds it.
+        self.mutex = threading.RLock()
         self.armed = True
         self.fired = False
 
-    def fire(self, reason) -> None:  # on the loop thread
+    def fire(self, reason) -> None:  # on another thread
         with self.mutex:
             if self.armed and not self.fired:
                 self.fired = True
-                _set_async_exc(self.thread_id, LockLost)
+                _set_async_exc(self.thread_id, self.exception)
 
-    def disarm(self) -> None:  # on the holding thread, first thing when the block ends
+    def fire_here(self) -> bool:
+        """For raising it oneself, in the thread (a signal handler there): True once, while armed."""
+        with self.mutex:
+            if self.armed and not self.fired:
+                self.fired = True
+                return True
+            return False
+
+    def disarm(self) -> None:  # on the interrupted thread, first thing when the block ends
         while True:
             try:
                 with self.mutex:
@@ -205,7 +240,7 @@ class _Interrupter:
                     if self.fired:
                         _set_async_exc(self.thread_id, ctypes.py_object())  # drop it if not yet raised
                 return
-            except LockLost:
+            except self.exception:
                 continue  # it landed here, on the way out: `fired` accounts for it
 
 
@@ -267,6 +302,9 @@ class SyncLock:
     slot = property(lambda self: self._read("slot"))
     guard = property(lambda self: self._read("guard"))
     held = property(lambda self: self._read("held"))
+    deadline = property(lambda self: self._read("deadline"),
+                        doc="until when the permit is ours at the latest unless renewed, on time.monotonic() (the "
+                            "clock of the client's asyncio loop)")
     lost_reason = property(lambda self: self._lock.lost_reason)
     refusal = property(lambda self: self._lock.refusal)
 
@@ -330,11 +368,13 @@ class SyncTransaction:
     def queue(self, name: str) -> _SyncTxnQueue:
         return _SyncTxnQueue(self, name)
 
+    @wire_names(**GROUP, **WAIT)
     def then_pop(self, queue: str, *, group: str | None = None, batch: int = 1, partitions: int = 1,
                  wait=None) -> SyncTransaction:
         self._txn.then_pop(queue, group=group, batch=batch, partitions=partitions, wait=wait)
         return self
 
+    @wire_names(**SCHEDULE)
     def timer(self, queue: str, key: str, payload=None, *, at=None, delay=None, cron: str | None = None,
               timezone: str | None = None, every=None, partition: str | None = None,
               transaction_id: str | None = None, trace_id: str | None = None) -> SyncTransaction:
@@ -419,11 +459,13 @@ class SyncQueue:
             message._queue = self  # so message.ack() blocks too
         return delivery
 
+    @wire_names(**GROUP)
     def dlq(self, *, group: str | None = None, limit: int = 100) -> list[dict]:
         async def collect():
             return [entry async for entry in self._queue.dlq(group=group, limit=limit)]
         return self._sync._call(collect)
 
+    @wire_names(**GROUP, **WAIT)
     def consume(self, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
                 lease=None) -> Iterator[Message]:
         """Every message, one at a time, forever; acked "completed" when the loop asks for the
@@ -436,29 +478,32 @@ class SyncQueue:
         finally:
             self._close(steps)
 
+    @wire_names(**GROUP, **WAIT)
     def process(self, handler, *, group: str | None = None, batch: int = 1, partitions: int = 1, wait="30s",
                 lease=None, grace="10s", stop: threading.Event | None = None, handle_signals: bool = True) -> None:
         """handler(message) for every message: its return acks "completed", its exception
         "failed". Goes on through broker restarts. Stops gracefully when `stop` is set, or on
-        SIGTERM or Ctrl-C (handle_signals, in the main thread): no new pop, the running handler
-        gets up to `grace` to finish (then it is interrupted), what finished is acked and the lease
-        released, so the rest is delivered again at once with its retry count unchanged; a second
-        signal cuts the grace short. Returns after a stop or SIGTERM; raises queen_client.Interrupted
-        (exit 130, no traceback) after Ctrl-C."""
+        SIGTERM or Ctrl-C (handle_signals; every loop of the process stops on the first one, in
+        any thread, when the SyncClient was made in the main thread or a loop runs there): no new
+        pop, the running handler gets up to `grace` to finish (then it is interrupted: at once in
+        the main thread, at its next Python instruction in another), what finished is acked and
+        the lease released, so the rest is delivered again at once with its retry count unchanged;
+        a second signal cuts the grace short. Returns after a stop or SIGTERM; raises
+        queen_client.Interrupted (exit 130, no traceback) after Ctrl-C."""
         from queen_client.durations import seconds
 
         stopping = self._sync._call(anyio.Event)
         steps = self._queue.deliveries(group=group, batch=batch, partitions=partitions, wait=wait, lease=lease,
                                        stopping=stopping)
         stopper = _Stopper(self._sync, stopping, seconds(grace, "grace"))
-        restore = stopper.install(handle_signals)
+        stop_listening = STOP_SIGNALS.listen(stopper.on_signal) if handle_signals else None
         if stop is not None:
             threading.Thread(target=lambda: stop.wait() and stopper.begin(), name="queen-stop", daemon=True).start()
         failure: Exception | None = None
         try:
             while (message := self._next(steps, failure)) is not None:
-                stopper.handling = True
                 try:
+                    stopper.handling_starts()
                     handler(message)
                     failure = None
                 except Exception as error:  # noqa: BLE001 - the handler's failure is the message's
@@ -468,9 +513,10 @@ class SyncQueue:
                                    message.offset, message.partition, stopper.grace_s)
                     break  # not finished: released with the lease, delivered again unchanged
                 finally:
-                    stopper.handling = False
+                    stopper.handling_ends()
         finally:
-            restore()
+            if stop_listening is not None:
+                stop_listening()
             stopper.done()
             self._close(steps)
         if signal.SIGINT in stopper.signals:
@@ -502,32 +548,34 @@ class _HandlerCut(BaseException):
 
 
 class _Stopper:
-    """A blocking process()'s stop: SIGTERM and SIGINT handlers (while it runs, in the main thread),
-    the loop's `stopping` event set from here, and the grace timer that interrupts a handler that
-    outlives it."""
+    """A blocking process()'s stop: told of SIGTERM and SIGINT by STOP_SIGNALS (in the main thread),
+    it sets the loop's `stopping` event, and cuts a handler that outlives the grace period or meets
+    a second signal: raised in its thread, once, never after the handler returned (_Interrupter)."""
 
     def __init__(self, sync: SyncClient, stopping, grace_s: float):
         self.sync = sync
         self.stopping = stopping
         self.grace_s = grace_s
         self.signals: list[int] = []
-        self.handling = False
-        self.cut = False
+        self.thread_id = threading.get_ident()
+        self.in_main_thread = threading.current_thread() is threading.main_thread()
+        self.cut: _Interrupter | None = None  # the running handler's, while one runs
+        self.grace_over = False
         self.timer: threading.Timer | None = None
 
-    def install(self, handle_signals: bool):
-        """Install the signal handlers; the function that puts the previous ones back."""
-        if not handle_signals or threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        previous = {signum: signal.signal(signum, self._on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
-        return lambda: [signal.signal(signum, handler) for signum, handler in previous.items()]
+    def handling_starts(self) -> None:
+        self.cut = _Interrupter(self.thread_id, _HandlerCut)
+        if self.grace_over:
+            self._cut_now()
 
-    def _on_signal(self, signum, frame) -> None:
-        if self.cut:
-            raise _HandlerCut
+    def handling_ends(self) -> None:
+        cut, self.cut = self.cut, None
+        cut.disarm()
+
+    def on_signal(self, signum: int) -> None:  # in the main thread, in STOP_SIGNALS' handler
         self.signals.append(signum)
-        if len(self.signals) > 1 and self.handling:
-            raise _HandlerCut  # a second signal: no more grace
+        if len(self.signals) > 1:
+            self._cut_now()  # a second signal: no more grace
         self.begin()
 
     def begin(self) -> None:
@@ -535,19 +583,28 @@ class _Stopper:
         if portal is None or self.timer is not None:
             return
         portal.start_task_soon(self._set_stopping)
-        self.timer = threading.Timer(self.grace_s, self._grace_over)
+        self.timer = threading.Timer(self.grace_s, self._grace_is_over)
         self.timer.daemon = True
         self.timer.start()
 
     async def _set_stopping(self) -> None:
         self.stopping.set()
 
-    def _grace_over(self) -> None:
-        if self.handling:
-            self.cut = True
-            # A real signal, so a handler blocked in sleep() or a socket read is woken too; the
-            # main thread runs _on_signal, which raises _HandlerCut there.
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    def _grace_is_over(self) -> None:  # on the timer's thread
+        self.grace_over = True
+        self._cut_now()
+
+    def _cut_now(self) -> None:
+        cut = self.cut
+        if cut is None:
+            return
+        if threading.get_ident() == self.thread_id:  # the main thread's own loop, told of a signal
+            if cut.fire_here():
+                raise _HandlerCut
+        elif not (self.in_main_thread and STOP_SIGNALS.raise_in_main_thread(_HandlerCut, cut.fire_here)):
+            # The handler's thread: at its next Python instruction (a call blocked in C sees it when
+            # it returns). In the main thread a signal of our own wakes a blocked call too.
+            cut.fire(None)
 
     def done(self) -> None:
         if self.timer is not None:

@@ -33,6 +33,10 @@ from urllib.parse import urlencode
 
 from queen_client.durations import seconds as seconds_of
 from queen_client.kv import given
+from queen_client.options import IDS, ms, wire_names
+
+# A schedule's options as the wire spells them.
+SCHEDULE = {**IDS, "delayMs": ("delay", ms), "everyMs": ("every", ms)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +124,7 @@ class Timers:
         answer = await self._transport.call("POST", "/api/v1/timers", {"operations": [op]}, safe=safe)
         return answer["results"][0]
 
+    @wire_names(**SCHEDULE)
     async def schedule(self, queue: str, key: str, payload, *, at=None, delay=None, cron: str | None = None,
                        timezone: str | None = None, every=None, partition: str | None = None,
                        transaction_id: str | None = None, trace_id: str | None = None) -> TimerResult:

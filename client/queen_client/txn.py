@@ -18,6 +18,11 @@ another), a push beyond capacity. The first miss is the answer (`success` False,
 renewal landed with its answer lost (the permit's row, `{"owner": ...}`, still names the handle's
 owner) is no loss: the handle takes the row's token and the step is sent again.
 
+A step is sent again through a failover (see queen_client/_http.py) when every part of it is safe
+to repeat: reads, conditional KV writes (`expect`, putIfAbsent), acks and pushes (each with its
+transactionId); not with timers or then_pop(). A step sent again after an attempt whose outcome
+is unknown that then misses raises OutcomeUnknown: the miss may be its first attempt's doing.
+
 A message acked in a transaction is settled by it whatever the outcome, so a consumer does not ack
 it again: committed, it is done; not committed, it is left for redelivery when its lease ends (or
 call message.fail() to have it back at once). Indexes count your operations per section, guards
@@ -33,15 +38,20 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 from queen_client.errors import LockLost
-from queen_client.kv import CheckResult, Current, Item, WriteResult, write_op
+from queen_client.kv import CheckResult, Current, Item, WriteResult, conditional, write_op
 from queen_client.lease import LostReason
+from queen_client.options import GROUP, TTL, WAIT, wire_names
 from queen_client.queues import AckResult, Delivery, Message, Push, PushResult, next_wire
-from queen_client.timers import TimerResult, schedule_op
+from queen_client.timers import SCHEDULE, TimerResult, schedule_op
 
 READ_OPS = frozenset(("get", "check"))
 # A guard that lost to its own handle's renewal is sent again with the row's token; each attempt
 # holds the handle's renewals off (_TokenGate), so one retry is what it takes: the bound is for safety.
 OWN_RENEWAL_RETRIES = 3
+
+
+def _failed(answer: dict) -> bool:
+    return not answer.get("success")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,15 +94,18 @@ class TxnKv:
     def check(self, ns: str, key: str, expect: int, *, required: bool = True) -> Transaction:
         return self._txn._add({"op": "check", "ns": ns, "key": key, "expect": expect, "required": required})
 
+    @wire_names(**TTL)
     def put(self, ns: str, key: str, value, *, ttl=None, forever: bool = False, expect: int | None = None) -> Transaction:
         return self._txn._add(write_op("put", ns, key, value=value, has_value=True, ttl=ttl, forever=forever, expect=expect))
 
+    @wire_names(**TTL)
     def put_if_absent(self, ns: str, key: str, value, *, ttl=None, forever: bool = False) -> Transaction:
         return self._txn._add(write_op("putIfAbsent", ns, key, value=value, has_value=True, ttl=ttl, forever=forever))
 
     def delete(self, ns: str, key: str, *, expect: int | None = None) -> Transaction:
         return self._txn._add(write_op("delete", ns, key, expect=expect))
 
+    @wire_names(**TTL)
     def incr(self, ns: str, key: str, by: int = 1, *, max: int | None = None, min: int | None = None,
              ttl=None, forever: bool = False, expect: int | None = None) -> Transaction:
         return self._txn._add(write_op("incr", ns, key, ttl=ttl, forever=forever, expect=expect, by=by, max=max, min=min))
@@ -155,6 +168,7 @@ class Transaction:
     def queue(self, name: str) -> TxnQueue:
         return TxnQueue(self, name)
 
+    @wire_names(**GROUP, **WAIT)
     def then_pop(self, queue: str, *, group: str | None = None, batch: int = 1, partitions: int = 1,
                  wait=None) -> Transaction:
         """Once committed, pop `queue` in the same step (one log entry, one fsync for the step and
@@ -163,6 +177,7 @@ class Transaction:
         self._next = next_wire(queue, group=group, batch=batch, partitions=partitions, wait=wait)
         return self
 
+    @wire_names(**SCHEDULE)
     def timer(self, queue: str, key: str, payload=None, *, at=None, delay=None, cron: str | None = None,
               timezone: str | None = None, every=None, partition: str | None = None,
               transaction_id: str | None = None, trace_id: str | None = None) -> Transaction:
@@ -194,16 +209,24 @@ class Transaction:
                 document["kv"] = guards + self._ops
             if not document:
                 raise ValueError("an empty transaction: add a guard, an ack, a push, a KV operation or a timer")
-            safe = set(document) == {"kv"} and all(op["op"] in READ_OPS for op in self._ops)
+            # Safe to send again when every part of it is: reads, conditional writes, acks, pushes
+            # (each carries a transactionId). Not timers (a schedule sent again could bring back one
+            # that fired), nor `next` (a pop sent again would take a second lease).
+            safe = not self._sections["timers"] and all(op["op"] in READ_OPS or conditional(op) for op in self._ops)
+            writes = bool(self._sections["ack"] or self._sections["push"] or
+                          any(op["op"] not in READ_OPS for op in self._ops))
             timeout_s = None
             if self._next is not None:
                 document["next"] = self._next
-                safe = False  # a pop: sent again, it would take a second lease
+                safe = False
                 timeout_s = self._transport.timeout_s + self._next.get("waitMs", 0) / 1000
             for _ in range(OWN_RENEWAL_RETRIES + 1):
                 try:
+                    # Sent again after an attempt whose outcome is unknown, a step that applied makes its
+                    # own repeat miss (an expect, an ack whose lease it ended): not a miss to report.
                     answer = await self._transport.call("POST", "/api/v1/transaction", document, safe=safe,
-                                                        timeout_s=timeout_s)
+                                                        timeout_s=timeout_s,
+                                                        missed_if_echo=_failed if writes else None)
                 finally:
                     for message in self._messages:
                         message.settled = True

@@ -97,6 +97,8 @@ def _download(args, tmp: str) -> tuple[int, int]:
     import ssl
     from urllib.parse import urlsplit
 
+    from queen.cli.output import os_error_hint
+
     url = args.url or os.environ.get("QUEEN_URL") or DEFAULT_URL
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -118,7 +120,7 @@ def _download(args, tmp: str) -> tuple[int, int]:
             connection.request("GET", parts.path.rstrip("/") + ROUTE, headers=headers)
             response = connection.getresponse()
         except (OSError, http.client.HTTPException) as error:
-            raise _Failed(EXIT_UNAVAILABLE, f"cannot reach {url}: {error}") from None
+            raise _Failed(EXIT_UNAVAILABLE, f"cannot reach {url}: {error}{os_error_hint(error)}") from None
         if response.status != 200:
             raw = response.read()
             try:

@@ -15,7 +15,14 @@ import ssl
 import sys
 from urllib.parse import urlsplit
 
-from queen.cli.output import EXIT_NO, EXIT_OK, EXIT_REJECTED, EXIT_UNAVAILABLE, EXIT_USAGE
+from queen.cli.output import (
+    EXIT_NO,
+    EXIT_OK,
+    EXIT_REJECTED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    os_error_hint,
+)
 
 DEFAULT_URL = "http://127.0.0.1:6632"
 STATUS_EXIT = ("; a line on stderr says what is wrong. Exit status: 0 a leader serves with its sync set full and "
@@ -112,17 +119,19 @@ def _exit_for(status: int) -> int:
 def _first_answer(args, method: str, path: str, body: dict | None):
     """The first node that answers (any status but a transport failure or 503)."""
     failures = []
+    hints = set()
     for url in _urls(args):
         try:
             status, document = call(args, url, method, path, body)
         except (OSError, http.client.HTTPException) as error:
             failures.append(f"{url}: {error}")
+            hints.add(os_error_hint(error))
             continue
         if status == 503:
             failures.append(f"{url}: {refusal(document, status)[0]}")
             continue
         return status, document
-    print("queen: no node answered: " + "; ".join(failures), file=sys.stderr)
+    print("queen: no node answered: " + "; ".join(failures) + "".join(sorted(hints)), file=sys.stderr)
     return None, None
 
 

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import anyio
 
-        from queen_client.errors import BadRequestError, ClientError
+        from queen_client.errors import BadRequestError, CannotConnect, ClientError
     except ModuleNotFoundError as missing:  # `queen` installed without its dependencies
         print(f"queen: the Python client is not installed (no module {(missing.name or '').partition('.')[0]!r}); "
               "install it, from a checkout of Queen: pip install ./client", file=sys.stderr)
@@ -84,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
     except BadRequestError as error:
         print(f"queen: rejected: {error.code}: {error.message}", file=sys.stderr)
         return EXIT_REJECTED
+    except CannotConnect as error:
+        print(f"queen: cannot connect to {error.url}: {error.cause}; {connect_hint(error.certificate, error.cause)}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except ClientError as error:  # unreachable, 503, or an answer we could not use
         print(f"queen: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -125,11 +128,39 @@ def wait_s(text: str | None, longest_s: float | None, flag: str = "--wait") -> f
     return value
 
 
-def open_client(args):
-    """The SDK's client for this command's --url and --timeout (use it with `async with`)."""
-    from queen_client import Client
+def connect_hint(certificate: bool, cause: str) -> str:
+    """What to do when no connection could be made, in the command's words (its flags, not the
+    SDK's names): start a server there, or trust its CA."""
+    if not certificate:
+        return "is a Queen server running there? `queen serve` starts one (or give its address: --url or QUEEN_URL)"
+    if "hostname mismatch" in cause.lower():
+        return "the server's certificate is not for this host name: use a name the certificate lists in --url"
+    return ("the server's certificate is not signed by a CA this command trusts: give the CA's certificate file "
+            "with --ca-file FILE or QUEEN_CA_FILE")
 
-    return Client(args.url, token=args.auth_token, ca_file=args.ca_file, timeout_s=args.timeout)
+
+def os_error_hint(error: BaseException) -> str:
+    """connect_hint for a failed http.client connection (the backup and cluster commands); '' when
+    the failure is neither a refusal nor a certificate."""
+    import ssl
+
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return "; " + connect_hint(True, str(error))
+    if isinstance(error, ConnectionRefusedError):
+        return "; " + connect_hint(False, str(error))
+    return ""
+
+
+def open_client(args):
+    """The SDK's client for this command's --url and --timeout (use it with `async with`). A
+    cluster's nodes (several URLs): a call rides a failover, as the SDK's does; one node: a command
+    says at once that nothing answers, rather than wait for a server that may never come."""
+    from queen_client import Client
+    from queen_client.client import default_url
+
+    url = args.url or default_url()
+    one_node = {"failover_timeout": None} if "," not in url.strip(", ") else {}
+    return Client(url, token=args.auth_token, ca_file=args.ca_file, timeout_s=args.timeout, **one_node)
 
 
 def print_json(document) -> None:

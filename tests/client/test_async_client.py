@@ -527,5 +527,6 @@ def test_both_a_503_that_applied_nothing_is_retried_even_for_a_write(backend):
 
 
 def test_both_retries_give_up_after_the_limit(backend):
-    error, requests = scripted(backend, [(503, "shutting_down")], lambda c: c.kv.get("a", "b"))
+    # not_durable is no failover (the node still leads, its disk failed): retries_max, not the failover timeout.
+    error, requests = scripted(backend, [(503, "not_durable")], lambda c: c.kv.get("a", "b"))
     assert isinstance(error, queen_client.UnavailableError) and requests == 4  # the first try and 3 retries

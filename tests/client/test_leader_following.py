@@ -5,66 +5,15 @@ import json
 import os
 import subprocess
 import sys
-from functools import partial
 
-import h11
 import pytest
 import trio
 
 import queen_client
 from queen.testing import free_port
-from queen_client.errors import TransportError, UnavailableError
+from queen_client.errors import OutcomeUnknown, UnavailableError
 
-
-class FakeNode:
-    """Answers each request with `answer(method, target, body)` -> (status, headers, body dict)."""
-
-    def __init__(self, answer):
-        self.answer = answer
-        self.seen: list[tuple[str, str, bytes]] = []
-        self.port = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def serve(self, nursery):
-        listeners = await nursery.start(partial(trio.serve_tcp, self._handle, 0, host="127.0.0.1"))
-        self.port = listeners[0].socket.getsockname()[1]
-
-    async def _handle(self, stream):
-        conn = h11.Connection(h11.SERVER)
-        try:
-            while True:
-                method = target = None
-                body = b""
-                while True:
-                    event = conn.next_event()
-                    if event is h11.NEED_DATA:
-                        data = await stream.receive_some(65536)
-                        if not data:
-                            return
-                        conn.receive_data(data)
-                    elif isinstance(event, h11.Request):
-                        method, target = event.method.decode(), event.target.decode()
-                    elif isinstance(event, h11.Data):
-                        body += event.data
-                    elif isinstance(event, h11.EndOfMessage):
-                        break
-                    elif isinstance(event, h11.ConnectionClosed):
-                        return
-                self.seen.append((method, target, body))
-                status, headers, document = self.answer(method, target, body)
-                payload = json.dumps(document).encode() if document is not None else b""
-                head = [("content-length", str(len(payload))), ("content-type", "application/json"),
-                        *headers.items()]
-                await stream.send_all(conn.send(h11.Response(status_code=status, headers=head))
-                                      + conn.send(h11.Data(data=payload)) + conn.send(h11.EndOfMessage()))
-                conn.start_next_cycle()
-        except (trio.BrokenResourceError, h11.ProtocolError):
-            return
-        finally:
-            await stream.aclose()
+from .fake_node import DROP, FakeNode, error_body
 
 
 def leader(epoch: int):
@@ -75,7 +24,7 @@ def leader(epoch: int):
                 return 200, {"x-queen-epoch": str(epoch)}, {"results": [{"found": True, "value": "v", "version": 3,
                                                                           "key": op["key"]}]}
             return 200, {"x-queen-epoch": str(epoch)}, {"results": [{"applied": True, "version": 9}]}
-        return 404, {}, {"error": {"code": "not_found", "message": target}}
+        return 404, {}, error_body("not_found", target)
     return answer
 
 
@@ -84,8 +33,7 @@ def redirect_to(node: FakeNode, epoch: int = 7):
 
 
 def refusing(code: str, retry_after: str = "0", details: dict | None = None):
-    return lambda method, target, body: (503, {"retry-after": retry_after},
-                                         {"error": {"code": code, "message": "not the leader", "details": details or {}}})
+    return lambda method, target, body: (503, {"retry-after": retry_after}, error_body(code, "not the leader", details))
 
 
 async def test_a_307_is_followed_once_with_method_and_body_and_the_leader_cached():
@@ -106,18 +54,22 @@ async def test_a_307_is_followed_once_with_method_and_body_and_the_leader_cached
         nursery.cancel_scope.cancel()
 
 
-async def test_a_second_redirect_in_one_call_is_not_followed():
+async def test_a_redirect_loop_is_followed_once_per_attempt_until_the_failover_timeout(autojump_clock):
     async with trio.open_nursery() as nursery:
         a, b = FakeNode(None), FakeNode(None)
         await a.serve(nursery)
         await b.serve(nursery)
         a.answer, b.answer = redirect_to(b), redirect_to(a)  # a loop: followers that disagree
-        async with queen_client.Client([a.url], retries_max=1) as client:
+        async with queen_client.Client([a.url], failover_timeout="5s") as client:
+            started = trio.current_time()
             with pytest.raises(UnavailableError) as caught:
                 await client.kv.put("ns", "k", "value", forever=True)
+            given_up_after_s = trio.current_time() - started
+            attempts = client.statistics()["retries"] + 1
         assert caught.value.code == "not_leader"
-        # Each attempt: one request and at most one redirect; never a chain.
-        assert len(a.seen) + len(b.seen) <= 4
+        assert 4.0 <= given_up_after_s <= 5.0 + 1e-6  # the failover timeout, not the retries (no answer ever came)
+        # Each attempt: one request and one redirect; never a chain.
+        assert len(a.seen) + len(b.seen) == 2 * attempts
         nursery.cancel_scope.cancel()
 
 
@@ -155,12 +107,12 @@ async def test_a_refusal_is_retried_after_its_millisecond_hint_not_the_whole_sec
         nursery.cancel_scope.cancel()
 
 
-async def test_an_election_that_never_ends_gives_up_after_the_retries():
+async def test_without_a_failover_timeout_an_election_that_never_ends_gives_up_after_the_retries():
     async with trio.open_nursery() as nursery:
         a, b = FakeNode(refusing("no_leader")), FakeNode(refusing("no_leader"))
         await a.serve(nursery)
         await b.serve(nursery)
-        async with queen_client.Client([a.url, b.url], retries_max=3) as client:
+        async with queen_client.Client([a.url, b.url], retries_max=3, failover_timeout=None) as client:
             with pytest.raises(UnavailableError) as caught:
                 await client.kv.put("ns", "k", "value", forever=True)
         assert caught.value.code == "no_leader"
@@ -169,19 +121,36 @@ async def test_an_election_that_never_ends_gives_up_after_the_retries():
         nursery.cancel_scope.cancel()
 
 
-async def test_a_connection_error_moves_reads_on_but_leaves_a_write_unknown():
+async def test_a_refused_connection_moves_any_call_on_since_nothing_was_sent():
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     async with trio.open_nursery() as nursery:
         lead = FakeNode(leader(epoch=2))
         await lead.serve(nursery)
         async with queen_client.Client([dead, lead.url]) as client:
-            item = await client.kv.get("ns", "k")  # a read: tried again on the next node
+            item = await client.kv.get("ns", "k")  # a read
             assert item.value == "v" and client.leader_url == lead.url
         async with queen_client.Client([dead, lead.url]) as client:
-            with pytest.raises(TransportError):  # a write: its outcome is unknown, never repeated
+            assert (await client.kv.put("ns", "k", "value", forever=True)).applied  # a write too
+            assert client.leader_url == lead.url
+        assert [seen[0] for seen in lead.seen] == ["POST", "POST"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_broken_under_a_call_moves_reads_on_but_leaves_a_write_unknown():
+    async with trio.open_nursery() as nursery:
+        dying, lead = FakeNode(lambda method, target, body: DROP), FakeNode(leader(epoch=2))
+        await dying.serve(nursery)
+        await lead.serve(nursery)
+        async with queen_client.Client([dying.url, lead.url]) as client:
+            item = await client.kv.get("ns", "k")  # a read: tried again on the next node
+            assert item.value == "v" and client.leader_url == lead.url
+        async with queen_client.Client([dying.url, lead.url]) as client:
+            with pytest.raises(OutcomeUnknown) as caught:  # a write: its outcome is unknown, never repeated
                 await client.kv.put("ns", "k", "value", forever=True)
+            assert caught.value.method == "POST" and isinstance(caught.value.cause, queen_client.TransportError)
             assert client.leader_url == lead.url  # the next call goes to the next node
             assert (await client.kv.put("ns", "k", "value", forever=True)).applied
+        assert [seen[0] for seen in dying.seen] == ["POST", "POST"]  # the read, and the write once
         assert [seen[0] for seen in lead.seen] == ["POST", "POST"]
         nursery.cancel_scope.cancel()
 

@@ -12,7 +12,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 READ_A_CLOSED_PORT = """
 import anyio, queen_client
 async def main():
-    async with queen_client.Client(URL, retries_max=2) as client:
+    async with queen_client.Client(URL, retries_max=2, failover_timeout=None) as client:
         try:
             await client.kv.get("app", "k")
         except queen_client.TransportError:

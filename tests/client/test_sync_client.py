@@ -118,3 +118,12 @@ def test_the_interruption_lands_in_the_thread_that_entered_the_block(server, cli
     thread.start()
     thread.join(timeout=10)
     assert outcome == ["expired"]
+
+
+def test_the_sync_client_knows_the_leader_and_its_epoch_as_the_async_one_does(server):
+    with queen_client.SyncClient(server.url) as client:
+        assert client.leader_url == server.url and client.epoch is None  # one node: no epoch
+        lock = client.lock("sync-deadline", ttl="30s")
+        assert lock.deadline is None and lock.acquire()
+        assert time.monotonic() < lock.deadline <= time.monotonic() + 30
+        lock.release()

@@ -1,5 +1,5 @@
 """The blocking client is the async one, call for call: every public call of an async handle has
-a twin of the same name and parameters on its Sync handle, so a call written once in the async
+a twin of the same name and parameters on its Sync handle, and every public property a twin, so a call written once in the async
 client cannot be missing or drift in the SyncClient. The few differences are listed with why."""
 
 import inspect
@@ -44,6 +44,14 @@ def test_every_public_call_has_a_blocking_twin_with_the_same_parameters(async_cl
         twin = getattr(sync_cls, name, None)
         assert callable(twin), f"{sync_cls.__name__}.{name} is missing"
         assert parameters(twin) == parameters(member), f"{sync_cls.__name__}.{name} differs from {async_cls.__name__}'s"
+
+
+@pytest.mark.parametrize("async_cls, sync_cls", PAIRS, ids=lambda cls: cls.__name__)
+def test_every_public_property_has_a_blocking_twin(async_cls, sync_cls):
+    for name, member in inspect.getmembers(async_cls):
+        if name.startswith("_") or not isinstance(member, property):
+            continue
+        assert isinstance(getattr(sync_cls, name, None), property), f"{sync_cls.__name__}.{name} is missing"
 
 
 def test_the_listed_differences_still_exist():

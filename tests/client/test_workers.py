@@ -172,6 +172,66 @@ def test_sigterm_releases_what_a_worker_holds_to_the_next_at_once_with_retry_cou
             message.ack()
 
 
+@pytest.mark.parametrize("flavour", ["asyncio", "trio", "sync"])
+def test_one_sigterm_stops_every_loop_of_a_worker_each_releasing_what_it_holds(tmp_path, flavour):
+    """A worker process running three process() loops (asyncio and Trio: at once on one event loop;
+    sync: a thread each), each amid a batch under a 5-minute lease, is SIGTERMed once: every loop stops,
+    the process exits 0, and what each loop did not finish is delivered again at once to another
+    consumer, retry counts unchanged."""
+    records = tmp_path / "records"
+    names = [f"many.{i}" for i in range(3)]
+    with ServerProcess(str(tmp_path / "data")) as server, queen_client.SyncClient(server.url) as client:
+        for name in names:
+            client.queue(name).configure(leaseTimeSeconds=300)  # left to expire: back in 5 minutes
+            client.queue(name).push_many([f"{name}:{i}" for i in range(20)])
+        worker = start_worker(flavour, server, "many", records, "--loops", "3", "--batch", "20", "--lease", "300s",
+                              "--handle-s", "0.2")
+        wait_for(lambda: {payload.split(":")[0] for payload, _, _ in records_of(records)} == set(names),
+                 "every loop handling its batch", 60)
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+            raise AssertionError(f"the worker went on after SIGTERM:\n{stderr_of(worker)}") from None
+        stderr = stderr_of(worker)
+        assert worker.returncode == 0 and "Traceback" not in stderr, (worker.returncode, stderr)
+        finished = collections.Counter(payload.split(":")[0] for payload, _, _ in records_of(records))
+        for name in names:
+            left = 20 - finished[name]
+            assert counts(client, name) == (left, 0), name  # acked what it finished, released the rest
+            again = client.queue(name).pop(batch=20, wait="1s").messages
+            assert len(again) == left and {m.retry_count for m in again} == ({0} if left else set())
+
+
+def test_a_sync_client_leaves_sigterm_and_ctrl_c_as_they_were_while_no_loop_runs():
+    """A SyncClient made in the main thread holds the process's signal handlers (so loops in other
+    threads hear them), but while none runs a signal does what it did before: Ctrl-C raises
+    KeyboardInterrupt, SIGTERM ends the process; and close() puts the handlers back."""
+    script = ("import signal, sys, time, queen_client\n"
+              "client = queen_client.SyncClient('http://127.0.0.1:9')\n"
+              "try:\n"
+              "    signal.raise_signal(signal.SIGINT)\n"
+              "except KeyboardInterrupt:\n"
+              "    print('KeyboardInterrupt', flush=True)\n"
+              "client.close()\n"
+              "print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, flush=True)\n"
+              "client = queen_client.SyncClient('http://127.0.0.1:9')\n"
+              "print('waiting', flush=True)\n"
+              "time.sleep(60)\n")
+    worker = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        assert [worker.stdout.readline() for _ in range(3)] == ["KeyboardInterrupt\n", "True\n", "waiting\n"]
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=30)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert worker.returncode == -signal.SIGTERM, (worker.returncode, stderr)
+
+
 def test_an_idle_sync_worker_exits_on_ctrl_c_at_once_with_one_line(tmp_path):
     """Ctrl-C while a SyncClient worker waits in a parked pop (wait 30 s): it ends the pop and
     exits with 130 and one line, no traceback, long before the pop's wait would have run out."""
