@@ -60,8 +60,9 @@ def test_an_etcd_port_taken_before_etcd_binds_it_is_picked_again(tmp_path):
             etcd.put("/queen/t/probe", "one")
             assert etcd.get("/queen/t/probe", member=2) == "one"
             assert solo.client_port != taken and solo.process.poll() is None
-    assert "address already in use" in open(etcd.members[1].log_path).read()
-    assert "address already in use" in open(solo.output_path).read()
+    for log_path in (etcd.members[1].log_path, solo.output_path):
+        with open(log_path) as log:
+            assert "address already in use" in log.read()
 
 
 def test_etcd_raft_leader_moves_and_steps_down_without_quorum(tmp_path):

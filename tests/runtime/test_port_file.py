@@ -55,7 +55,8 @@ def test_the_file_is_one_line_of_json_replaced_whole(tmp_path):
         assert f.read() == b'{"port": 41234, "replicationPort": 41235}\n'
     assert port_file.read(path) == {"port": 41234, "replicationPort": 41235}
     port_file.write(path, 41236)
-    assert json.loads(open(path).read()) == {"port": 41236}
+    with open(path) as f:
+        assert json.loads(f.read()) == {"port": 41236}
     assert os.listdir(tmp_path) == ["p"], "no temporary file is left beside it"
     port_file.remove(path)
     port_file.remove(path)  # twice is harmless
