@@ -418,7 +418,9 @@ class Replicator:
         """The replication listener, for the server's lifetime; accepts followers' HELLO only while
         leading (otherwise refuses)."""
         if self.sockets is not None:
-            listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in self.sockets]
+            # Duplicates: trio.serve_listeners closes what it served on, and the server's own
+            # sockets must outlive this run (the same listening socket, under another descriptor).
+            listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock.dup())) for sock in self.sockets]
         else:
             listeners = await trio.open_tcp_listeners(self.listen[1], host=self.listen[0])
         self.port = listeners[0].socket.getsockname()[1]
@@ -428,9 +430,8 @@ class Replicator:
                 nursery.start_soon(self._probe_when_reads_wait)
                 task_status.started(self.port)
         finally:
-            if self.sockets is None:  # the server's are closed by the server
-                for listener in listeners:
-                    await listener.aclose()
+            for listener in listeners:
+                await listener.aclose()
 
     async def _serve_one(self, stream) -> None:
         try:

@@ -1,7 +1,8 @@
 """Cluster nodes on port 0 (`--port 0 --replication-listen 127.0.0.1:0 --advertise
 http://127.0.0.1:0`): each binds free ports, names them in its start line and its port file, and
 publishes the bound ones in etcd, where a follower finds its leader's replication port (no test
-dial override here: the follower dials what etcd says)."""
+dial override here: the follower dials what etcd says). A node that starts again in-process
+(after a switchover) keeps its ports."""
 
 from __future__ import annotations
 
@@ -70,6 +71,19 @@ def test_nodes_on_port_zero_publish_the_ports_they_bound_and_a_follower_reaches_
         assert nodes[leader].request("PUT", "/api/v1/kv/app/k", {"value": 1, "forever": True})[0] == 200
         written = cluster_status(nodes[leader])["lastVersion"]
         poll(lambda: cluster_status(nodes[follower]).get("lastVersion", 0) >= written, "the write replicated")
+
+        # A switchover: the old leader starts again in-process (its memory is rebuilt from its
+        # log) on the very ports it bound, and follows the new leader at the port etcd names.
+        old, new = nodes[leader], nodes[follower]
+        assert old.request("POST", "/api/v1/cluster/switchover", {})[0] == 200
+        poll(lambda: cluster_status(new).get("role") == "leader", "the follower leading")
+        poll(lambda: "event=restarting" in old.log_text(), "the old leader's in-process restart")
+        poll(lambda: any(f["node"] == leader and f["connected"] for f in cluster_status(new).get("followers", [])),
+             "the old leader following the new one")
+        starts = [parse_logfmt(line) for line in old.log_text().splitlines() if "event=listening" in line]
+        assert len(starts) == 2 and {(s["port"], s["replication_port"]) for s in starts} == {
+            (str(old.port), str(old.replication_port))}
+        assert cluster_status(old)["role"] == "follower"
     finally:
         for node in nodes.values():
             node.stop()
