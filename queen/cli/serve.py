@@ -156,7 +156,7 @@ def serve_broker(config: Config) -> int:
     elif isinstance(failure, PortFileError):
         logger.error("event=start_failed reason=port_file file=%s detail=%r action=refusing_to_start", failure.path,
                      failure.detail)
-    elif isinstance(failure, OSError) and failure.errno == errno.EADDRINUSE:
+    elif isinstance(failure, OSError) and failure.errno == errno.EADDRINUSE:  # listen(): taken since the bind
         logger.error("event=start_failed reason=address_in_use host=%s port=%d", config.host, config.port)
     else:
         logger.error("event=start_failed reason=%r", str(failure))

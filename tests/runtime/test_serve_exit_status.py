@@ -73,8 +73,8 @@ def data_dir_contents(data_dir) -> dict | None:
             for path in sorted(data_dir.rglob("*")) if path.is_file()}
 
 
-@pytest.mark.parametrize("before", ["absent", "in use before"])
-def test_a_start_on_a_busy_port_leaves_the_data_dir_as_it_found_it(tmp_path, before):
+@pytest.mark.parametrize("before,busy", [("absent", "http"), ("in use before", "http"), ("absent", "replication")])
+def test_a_start_on_a_busy_port_leaves_the_data_dir_as_it_found_it(tmp_path, before, busy):
     data_dir = tmp_path / "data"
     if before == "in use before":
         server = ServerProcess(str(data_dir)).start()
@@ -85,7 +85,12 @@ def test_a_start_on_a_busy_port_leaves_the_data_dir_as_it_found_it(tmp_path, bef
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "queen", "serve", "--port", str(port), "--data-dir", str(data_dir)],
+        if busy == "http":
+            flags = ["--port", str(port)]
+        else:  # a cluster node's replication port; refused before it ever dials etcd
+            flags = ["--port", "0", "--cluster", "t", "--node", "n1", "--etcd", "http://127.0.0.1:9",
+                     "--advertise", "http://127.0.0.1:0", "--replication-listen", f"127.0.0.1:{port}"]
+        done = subprocess.run([sys.executable, "-m", "queen", "serve", *flags, "--data-dir", str(data_dir)],
                               capture_output=True, text=True, timeout=60)
     assert done.returncode == EXIT_FAILED, done.stderr
     line = start_failed_line(done)
