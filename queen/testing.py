@@ -345,8 +345,8 @@ class ServerProcess:
 
     def restart(self, timeout_s: float = 20.0) -> ServerProcess:
         """Start it again on the port it had, as a broker restarted by systemd comes back where its
-        clients look for it. (That port was free a moment ago, when this server held it; a test
-        that can follow a new port should rather `start()` again.)"""
+        clients look for it. Another process may have taken that port since this one let it go
+        (rarely): a test whose clients can follow a new port calls `start()` instead."""
         return self.start(timeout_s, port=self.port)
 
     def _limit_open_files(self) -> None:

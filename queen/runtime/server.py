@@ -19,7 +19,7 @@ import trio
 from queen import __version__, _native
 from queen.auth import Authenticator, AuthFile, AuthFileError
 from queen.clock import Clock
-from queen.config import Config, is_loopback
+from queen.config import Config, host_port, is_loopback, with_port
 from queen.core.state import Drain, State
 from queen.core.wheel import TICK_MS
 from queen.http.connection import HttpServer, bind_listeners, connection_budget, start_listening
@@ -213,8 +213,6 @@ class Server:
         """Bind the HTTP port and a cluster node's replication port (port 0: a free one), without
         listening yet: clients are refused, as before, until recovery is done. Kept across a
         cluster node's restarts, so its ports never change while the process lives."""
-        from queen.config import host_port
-
         config = self.config
         self._listeners = bind_or_refuse(config.host, config.port)
         self.port = self._listeners[0].getsockname()[1]
@@ -369,7 +367,6 @@ class Server:
         from queen.cluster.coordinator import Coordinator, Settings
         from queen.cluster.etcd import EtcdClient
         from queen.cluster.replication import Replicator
-        from queen.config import host_port, with_port
 
         config = self.config
         self._read_cluster_faults()
