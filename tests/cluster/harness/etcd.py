@@ -66,6 +66,7 @@ class EtcdMember:
         self.peer_port = peer_port
         self.process: subprocess.Popen | None = None
         self.log_path = data_dir + ".log"
+        self.log_offset = 0  # where the latest start's output begins in log_path
         self.paused = False
 
     @property
@@ -84,7 +85,7 @@ class EtcdMember:
         return self.process is not None and self.process.poll() is None
 
     def start(self, initial_cluster: str, state: str = "new") -> None:
-        self.log_offset = log_size(self.log_path)  # where this start's output begins
+        self.log_offset = log_size(self.log_path)
         os.makedirs(self.data_dir, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen([
