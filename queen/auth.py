@@ -14,8 +14,8 @@ constant time, and an unknown id is hashed and compared too, so both take as lon
 
 Roles: a reader reads, a writer reads and writes, an admin also deletes, purges and pauses in its
 tenant; an admin of tenant `*` is the server's operator (every tenant's metrics, pauses, the
-default tenant's names). Without an auth file every caller is that operator, as before tokens
-existed.
+default tenant's names, and any one tenant's data read with `?tenant=NAME`). Without an auth file
+every caller is that operator, as before tokens existed.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class Principal:
     tenant: str
     prefix: str
     level: int
+    read_as: bool = False  # the operator reading as `tenant` (reading_as): its token's tenant is `*`
 
     @classmethod
     def of(cls, name: str, role: str, tenant: str) -> Principal:
@@ -64,6 +65,12 @@ class Principal:
     def operator(self) -> bool:
         """The server's operator: sees every tenant."""
         return self.level >= SERVER
+
+    def reading_as(self, tenant: str) -> Principal:
+        """The operator reading one tenant's data (a read's `tenant` query parameter): that tenant's
+        names, and read rights only, so nothing it calls can write there."""
+        assert self.operator, "only the operator reads as another tenant"
+        return Principal(self.name, self.role, tenant, tenants.prefix_of(tenant), READ, True)
 
 
 # Every caller when the server runs without an auth file (loopback, or --insecure).

@@ -52,6 +52,9 @@ class Config:
     shutdown_grace_s: float = _opt(10.0, "on SIGTERM/SIGINT, time allowed for in-flight requests before connections are cut", "SECONDS")
     log_level: str = _opt("info", "diagnostic log level on stderr: debug, info, warning, error", "LEVEL")
     log_format: str = _opt("logfmt", "log lines on stderr as logfmt or json, one per event, UTC timestamps", "FORMAT")
+    access_log: bool = _opt(False, "one line per answered request on stderr, with the other logs (logger queen.access, "
+                            "whatever --log-level says): method, route, status, duration_ms, bytes, request_id, "
+                            "token, tenant, remote; off by default, as it is a line per call")
     auth_file: str = _opt("", "tokens, roles, tenants and their quotas (JSON; `queen auth add` writes it); re-read on "
                           "SIGHUP. Without it every caller may do everything, so the server only binds loopback "
                           "addresses unless --insecure is given", "FILE")
@@ -75,6 +78,12 @@ class Config:
                           "(2 nodes)", "MODE")
     lease_grace_s: float = _opt(0.0, "after a failover, live locks and queue leases last at least this long on the new "
                                 "leader (--lease-grace); 0: the leader ttl", "SECONDS")
+    # 5 s: well past a sync member's swap or drop (1 s without an ack), so a healthy cluster never
+    # hits it, yet below the SDK's and the CLI's own 10 s timeout, so their client reads why (and
+    # whether the write may have been applied) instead of timing out with no answer.
+    sync_timeout_s: float = _opt(5.0, "the longest a write (or a read behind it) waits for the leader's sync set "
+                                 "(--sync-timeout); then it answers 503 sync_unavailable, and new writes are refused "
+                                 "at once until the sync set is back", "SECONDS")
 
     def replace(self, **changes) -> Config:
         return dataclasses.replace(self, **changes)
@@ -155,6 +164,8 @@ def cluster_problems(config: Config) -> list[str]:
         problems.append(f"sync mode {config.sync_mode!r} is not one of strict, degrade")
     if config.lease_grace_s < 0:
         problems.append("lease grace must not be negative")
+    if not 0.1 <= config.sync_timeout_s <= 3600:
+        problems.append("sync timeout must be between 0.1 and 3600 seconds")
     return problems
 
 

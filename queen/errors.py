@@ -20,10 +20,11 @@ class QueenError(Exception):
             self.http_status = http_status
 
     def to_wire(self) -> dict:
-        """Our envelope, `error: {code, message, details}`, and beside it the code and the message
-        at the top level (`code`, `detail`), where the public Queen MQ client reads them."""
-        return {"error": {"code": self.code, "message": self.message, "details": wire_safe(self.details)},
-                "code": self.code, "detail": self.message}
+        """The refusal's body: `error` the human-readable message, `code` beside it, `details` an
+        object, and `detail` the message again. A plain string `error` is what clients show as
+        they are (the public JavaScript client builds `new Error(body.error)`); the public Python
+        client reads `detail` and `code`."""
+        return {"error": self.message, "code": self.code, "details": wire_safe(self.details), "detail": self.message}
 
 
 class BadRequest(QueenError):

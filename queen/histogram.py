@@ -102,5 +102,12 @@ class RequestSeries:
         return histogram
 
 
+def answered(series, low: int, high: int) -> int:
+    """Requests of every series answered with a status from low up to (not including) high: the
+    4xx or 5xx counts /api/v1/server shows the operator, the dashboard's error rates."""
+    return sum(sum(histogram.counts) for one in series for status, histogram in one.by_status.items()
+               if low <= status < high)
+
+
 def _bound(bound) -> str:
     return bound if isinstance(bound, str) else repr(float(bound))

@@ -5,7 +5,6 @@ process wrote parses as logfmt (or JSON, under --log-format json)."""
 
 import logging
 import re
-import shutil
 import sys
 from collections import Counter
 from functools import partial
@@ -139,8 +138,9 @@ def _id_from_name(item) -> None:
 
 
 def pytest_terminal_summary(terminalreporter):
-    # A test that skips because the machine lacks a tool says so here, once per reason, whichever
-    # process ran it (its own output is captured, and an xdist worker's is not shown at all).
+    # A test that skips because the machine lacks a tool (tests/system_tools.py) says so here, once
+    # per reason, whichever process ran it (its own output is captured, and an xdist worker's is not
+    # shown at all).
     loud = []
     for report in terminalreporter.stats.get("skipped", []):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -155,9 +155,3 @@ def pytest_terminal_summary(terminalreporter):
         from tests.faults.workloads import OUTCOMES
 
         summary.write(terminalreporter, OUTCOMES + summary.from_plain(outcomes))
-    if shutil.which("openssl") is None:
-        terminalreporter.write_line("SKIPPED: the TLS tests need the openssl command to make throwaway certificates "
-                                    "(apt-get install openssl; .ci/run does it)", red=True, bold=True)
-    if shutil.which("promtool") is None:
-        terminalreporter.write_line("SKIPPED LOUDLY: promtool is not installed: /metrics and ops/queen-alerts.yml were not "
-                                    "checked by it (apt-get install prometheus; .ci/run does it)", red=True, bold=True)

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
-import pytest
-
 from bench import __main__ as bench_main
 from bench import cluster, report
+from tests import system_tools
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,10 +27,7 @@ def test_cluster_without_etcd_is_reported_not_installed(monkeypatch):
 
 
 def test_cluster_bench_runs_against_the_leader_beside_single_queen(tmp_path):
-    if shutil.which("etcd") is None:
-        message = "SKIPPED LOUDLY: etcd not installed (apt-get install etcd-server): the bench's cluster run was not tested"
-        print(message, file=sys.stderr)
-        pytest.skip(message)
+    system_tools.require("etcd", "the bench's cluster run (python -m bench --cluster 2)")
     out = tmp_path / "out"
     completed = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--peers", "none", "--cluster", "2", "--workloads", "kv-put",

@@ -117,10 +117,13 @@ def from_response(status: int, body: bytes, retry_after: str | None = None) -> A
     except orjson.JSONDecodeError:
         document = None
     if isinstance(document, dict) and isinstance(document.get("error"), dict):
-        error = document["error"]
-        code = str(error.get("code", code))
-        message = str(error.get("message", message))
-        details = error.get("details") or {}
+        nested = document["error"]  # an older server's envelope: {"error": {"code", "message", "details"}}
+        document = {"code": nested.get("code"), "detail": nested.get("message"), "details": nested.get("details")}
+    if isinstance(document, dict) and isinstance(document.get("code"), str):
+        # {"error": "<message>", "code", "details", "detail": "<message>"}
+        code = document["code"]
+        message = str(document.get("detail") or document.get("error") or message)
+        details = document.get("details") or {}
     if status in (429, 503):
         # The hint to the millisecond where the server gives one (details.retryAfterMs: a rate's
         # refill, a node that is not the leader); Retry-After can only say whole seconds.

@@ -122,8 +122,8 @@ def _download(args, tmp: str) -> tuple[int, int]:
         if response.status != 200:
             raw = response.read()
             try:
-                error = json.loads(raw)["error"]
-                detail = f"{error['code']}: {error['message']}"
+                document = json.loads(raw)
+                detail = f"{document['code']}: {document['detail']}"
             except (ValueError, KeyError, TypeError):
                 detail = raw[:200].decode(errors="replace")
             code = EXIT_REJECTED if 400 <= response.status < 500 else EXIT_UNAVAILABLE

@@ -18,21 +18,25 @@ from urllib.parse import urlsplit
 from queen.cli.output import EXIT_NO, EXIT_OK, EXIT_REJECTED, EXIT_UNAVAILABLE, EXIT_USAGE
 
 DEFAULT_URL = "http://127.0.0.1:6632"
+STATUS_EXIT = ("; a line on stderr says what is wrong. Exit status: 0 a leader serves with its sync set full and "
+               "in reach; 1 nodes answered but none serves as leader, or the leader is degraded (its sync set has "
+               "fewer members than it wants: writes are acknowledged on fewer copies); 2 usage; 69 no node "
+               "answered, or the leader's sync set is out of reach (writes answer 503 sync_unavailable)")
 
 
 def add_parser(commands) -> None:
     cluster = commands.add_parser(
         "cluster", help="a cluster's nodes: status, switchover, force-promote",
         description="Ask a cluster's nodes. Exit status: 0 done, 1 refused (409: not possible now; for status: "
-                    "nodes answered but none serves as leader), 2 usage, 65 rejected (400/403), 69 no node "
-                    "answered or 503.")
+                    "see `queen cluster status --help`), 2 usage, 65 rejected (400/403), 69 no node answered or "
+                    "503.")
     actions = cluster.add_subparsers(dest="cluster_action", metavar="ACTION", required=True)
     common = []
     for name, text in (("status", "every node's role, epoch, last version and lag, as a table"),
                        ("switchover", "hand leadership to a caught-up follower (planned, about a second)"),
                        ("force-promote", "make NODE leader though no sync member is left: writes it never "
                                          "received are lost (the answer says how many versions may be)")):
-        action = actions.add_parser(name, help=text, description=text)
+        action = actions.add_parser(name, help=text, description=text + (STATUS_EXIT if name == "status" else ""))
         action.add_argument("--url", default=None, metavar="URLS",
                             help=f"nodes, comma-separated [env QUEEN_URL] (default: {DEFAULT_URL})")
         action.add_argument("--auth-token", default=None, metavar="SECRET", dest="auth_token",
@@ -84,8 +88,15 @@ def call(args, url: str, method: str, path: str, body: dict | None = None, redir
     try:
         document = json.loads(raw) if raw else {}
     except ValueError:
-        document = {"error": {"code": "not_json", "message": raw[:200].decode(errors="replace")}}
+        document = {"code": "not_json", "detail": raw[:200].decode(errors="replace")}
     return answer.status, document
+
+
+def refusal(document, status: int) -> tuple[str, str]:
+    """A refusal's code and message: the envelope's `code` and `detail` (older nodes send them too)."""
+    if not isinstance(document, dict):
+        return str(status), ""
+    return str(document.get("code", status)), str(document.get("detail", ""))
 
 
 def _exit_for(status: int) -> int:
@@ -108,7 +119,7 @@ def _first_answer(args, method: str, path: str, body: dict | None):
             failures.append(f"{url}: {error}")
             continue
         if status == 503:
-            failures.append(f"{url}: {document.get('error', {}).get('code', 503)}")
+            failures.append(f"{url}: {refusal(document, status)[0]}")
             continue
         return status, document
     print("queen: no node answered: " + "; ".join(failures), file=sys.stderr)
@@ -117,8 +128,8 @@ def _first_answer(args, method: str, path: str, body: dict | None):
 
 def _report(args, status: int, document: dict) -> int:
     if status != 200:
-        error = document.get("error", {})
-        print(f"queen: {error.get('code', status)}: {error.get('message', '')}", file=sys.stderr)
+        code, message = refusal(document, status)
+        print(f"queen: {code}: {message}", file=sys.stderr)
         return _exit_for(status)
     print(json.dumps(document, indent=None if args.json else 2, sort_keys=True))
     return EXIT_OK
@@ -134,7 +145,7 @@ def run_status(args) -> int:
             rows.append({"url": url, "error": str(error)})
             continue
         if status != 200:
-            rows.append({"url": url, "error": document.get("error", {}).get("code", str(status))})
+            rows.append({"url": url, "error": refusal(document, status)[0]})
             continue
         answered += 1
         rows.append({"url": url, **document})
@@ -144,10 +155,20 @@ def run_status(args) -> int:
         print(format_table(rows))
     if not answered:
         return EXIT_UNAVAILABLE
-    if not any(row.get("role") in ("leader", "single") for row in rows):
+    leader = next((row for row in rows if row.get("role") in ("leader", "single")), None)
+    if leader is None:
         # A script polling until the cluster serves again needs to tell this from a healthy table.
         print("queen: no node serves as leader (an election, etcd out of reach, or a new leader waiting for "
               "its sync set: see ROLE and each node's log)", file=sys.stderr)
+        return EXIT_NO
+    sync = ", ".join(leader.get("sync") or ()) or "none"
+    if leader.get("syncUnavailable"):
+        print(f"queen: sync_unavailable: the leader {leader.get('node')} cannot reach its sync set ({sync}): writes "
+              "answer 503 sync_unavailable until it is back (start it again, or see its log)", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    if leader.get("degraded"):
+        print(f"queen: degraded: the leader {leader.get('node')} acknowledges writes with a short sync set ({sync}): "
+              "fewer copies than wanted, until a follower catches up and joins", file=sys.stderr)
         return EXIT_NO
     return EXIT_OK
 

@@ -39,7 +39,8 @@ Each refusal is one log line, event=start_failed reason=..., naming what to look
 
 
 # The cluster flags' short spellings, beside the names derived from their fields.
-FLAG_ALIASES = {"node_id": ("--node",), "leader_ttl_s": ("--leader-ttl",), "lease_grace_s": ("--lease-grace",)}
+FLAG_ALIASES = {"node_id": ("--node",), "leader_ttl_s": ("--leader-ttl",), "lease_grace_s": ("--lease-grace",),
+                "sync_timeout_s": ("--sync-timeout",)}
 
 
 def env_name(field_name: str) -> str:
@@ -90,10 +91,13 @@ def _flag(raw: str) -> bool:
     raise ValueError(raw)
 
 
-def setup_logging(level: str, kind: str = "logfmt") -> None:
+def setup_logging(level: str, kind: str = "logfmt", access_log: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(LineFormatter(kind))
     logging.basicConfig(level=level.upper(), handlers=[handler])
+    if access_log:
+        # Asked for by its own flag: shown even when --log-level hides the other info lines.
+        logging.getLogger("queen.access").setLevel(logging.INFO)
 
 
 def serve_broker(config: Config) -> int:
@@ -102,7 +106,7 @@ def serve_broker(config: Config) -> int:
         for problem in problems:
             print(f"queen: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    setup_logging(config.log_level, config.log_format)
+    setup_logging(config.log_level, config.log_format, config.access_log)
     try:
         import trio
 

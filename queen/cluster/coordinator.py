@@ -10,9 +10,12 @@ etcd keys under /queen/<cluster>/:
   leader           {node, advertise, replication} on the leader's lease; its create_revision is the epoch
   sync             {epoch, leader, members, degraded[, handoff][, forced]}; an epoch of null means
                    "the revision of this very write" (a campaign writes sync in the txn that creates
-                   the leader key, whose revision nobody knows before it commits)
+                   the leader key, whose revision nobody knows before it commits); degraded: fewer
+                   members than sync_count, so answers are on fewer copies than wanted (in either
+                   mode: at bootstrap, after a force-promote, or once degrade mode dropped one)
   version-ceiling  no version above it is handed out until etcd has confirmed it
-  members/<node>   {advertise, role, epoch, lastVersion} on the node's own lease: information only
+  members/<node>   {advertise, role, epoch, lastVersion[, syncUnavailable]} on the node's own lease:
+                   information only (syncUnavailable: the leader's, so every node can show it)
 
 Why polling and not a watch: one linearizable txn of ranges every POLL_S (~150 ms) reads the leader,
 sync, ceiling and member keys at one revision, and doubles as the check that etcd still answers.
@@ -247,7 +250,9 @@ def plan_sync(members: frozenset[str], followers: list, mode: str, sync_count: i
     ack_timeout_s. Degrade drops a failed member; strict drops it only for a caught-up follower
     that takes its place, and at once when the member is not connected at all (a new leader's
     campaign lists the dead old leader as a placeholder: waiting ack_timeout_s for it would only
-    delay the first answer). Caught-up followers (lag 0) fill the set up to sync_count."""
+    delay the first answer). Caught-up followers fill the set up to sync_count: those that have
+    every version the log held when their stream began (FollowerStatus.caught_up; from then on
+    the answers wait for them too). Lag 0 at a poll is no test under steady writes: it never comes."""
     statuses = {status.node: status for status in followers}
     failed = set()
     absent = set()
@@ -270,7 +275,7 @@ def plan_sync(members: frozenset[str], followers: list, mode: str, sync_count: i
     for gone in set(health) - members:
         del health[gone]
     caught_up = sorted(node for node, status in statuses.items()
-                       if status.connected and status.lag_versions == 0 and node not in members)
+                       if status.connected and status.caught_up and node not in members)
     new = set(members)
     if mode == STRICT:
         failed |= absent
@@ -356,6 +361,18 @@ class Coordinator:
             return None
         return observed.leader.advertise or None
 
+    @property
+    def sync_unavailable(self) -> bool:
+        """This leader's sync set is out of reach (queen/cluster/replication.py); on another node,
+        what the leader last announced in etcd (its members/ document, up to members_every_s old)."""
+        if self.role in (LEADER, PROMOTING):
+            return self.replicator.sync_unavailable
+        observed = self.observed
+        leader = observed.leader if observed is not None else None
+        if leader is None or leader.node == self.settings.node:
+            return False
+        return bool(observed.members.get(leader.node, {}).get("syncUnavailable"))
+
     def status(self) -> dict:
         observed = self.observed
         leader = observed.leader if observed is not None else None
@@ -369,7 +386,8 @@ class Coordinator:
                 "serving": self.serving, "promisedEpoch": self.replicator.promised_epoch,
                 "leader": {"node": leader.node, "advertise": leader.advertise, "epoch": leader.epoch} if leader else None,
                 "sync": sorted(sync.members) if sync else [], "degraded": bool(sync and sync.degraded),
-                "syncMode": self.settings.sync_mode, "lastVersion": self.replicator.log_position()[1],
+                "syncUnavailable": self.sync_unavailable, "syncMode": self.settings.sync_mode,
+                "lastVersion": self.replicator.log_position()[1],
                 "followers": [{"node": f.node, "connected": f.connected, "ackedVersion": f.acked_version,
                                "lagVersions": f.lag_versions} for f in followers],
                 "members": members}
@@ -504,7 +522,7 @@ class Coordinator:
         sync = observed.sync
         members = campaign_members(sync, settings.node, settings.sync_mode)
         sync_doc = {"epoch": None, "leader": settings.node, "members": sorted(members),
-                    "degraded": not members and sync is not None and settings.sync_mode == DEGRADE}
+                    "degraded": len(members) < settings.sync_count}
         leader_doc = {"node": settings.node, "advertise": settings.advertise, "replication": settings.replication}
         guard = e.mod_revision_is(keys.sync, sync.mod_revision) if sync else e.create_revision_is(keys.sync, 0)
         try:
@@ -661,12 +679,13 @@ class Coordinator:
             # etcd first: a member is counted only once etcd lists it (it may then campaign), and
             # dropped from etcd before any answer is released without its ack.
             try:
-                await self._write_sync(replace(self.sync, epoch=self.epoch, members=new, degraded=not new))
+                await self._write_sync(replace(self.sync, epoch=self.epoch, members=new,
+                                               degraded=len(new) < settings.sync_count))
             except EtcdUnavailable:
                 continue  # answers wait meanwhile; the fence loop ends this if etcd stays away
             self.replicator.set_sync(new)
             logger.info("event=sync_set_changed members=%s was=%s degraded=%s", ",".join(sorted(new)) or "-",
-                        ",".join(sorted(members)) or "-", "true" if not new else "false")
+                        ",".join(sorted(members)) or "-", "true" if self.sync.degraded else "false")
             self.events.append((self.clock(), "sync", {"members": sorted(new), "was": sorted(members)}))
 
     # -- the lease -----------------------------------------------------------------------------------
@@ -707,6 +726,8 @@ class Coordinator:
             if self.lease and not self.keepalive_paused:
                 doc = {"advertise": self.settings.advertise, "replication": self.settings.replication,
                        "role": self.role, "epoch": self.epoch, "lastVersion": self.replicator.log_position()[1]}
+                if self.role == LEADER:
+                    doc["syncUnavailable"] = self.replicator.sync_unavailable
                 try:
                     await self.etcd.put(self.keys.member(self.settings.node), _json(doc), self.lease)
                 except (EtcdUnavailable, EtcdError):
@@ -757,7 +778,8 @@ class Coordinator:
             await trio.sleep(0.02)
             followers = {f.node: f for f in self.replicator.followers()}
         members = self.sync.members | {to}
-        await self._write_sync(replace(self.sync, epoch=self.epoch, members=members, degraded=False, handoff=to))
+        await self._write_sync(replace(self.sync, epoch=self.epoch, members=members,
+                                       degraded=len(members) < settings.sync_count, handoff=to))
         self.replicator.set_sync(members)
         epoch, last = self.epoch, self.replicator.log_position()[1]
         self.step_down(f"switchover to {to}")

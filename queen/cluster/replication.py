@@ -26,6 +26,16 @@ arrived meanwhile, and none while the previous probe is still out (reads that ar
 was made wait for the next). With an empty sync set only the check that this node still leads
 is left. A node that does not lead (or stepped down) answers reads 503 leader_lost.
 
+The sync timeout. A write waits for its sync set (after its local fsync), and a read for its round
+trip, at most sync_timeout_s (--sync-timeout). When a frame or a read has waited that long, or a
+sync-set member has had no stream that long, the sync set is out of reach: every call still
+waiting is answered 503 sync_unavailable (a write with details.applied "unknown": it is on this
+node's disk and reaches the sync set when it is back, unless a failover cuts it), and until the
+sync set is back new writes are refused up front (applied false) and reads at once. It is back
+when every member is connected again, has acked everything this log held when the outage began and
+echoed a round made since (probes go out meanwhile). Nothing is ever released without the sync
+set's acks: the outage only stops calls from waiting for them.
+
 A node whose log or memory may now differ from its leader's (it stepped down, its tail had to be
 cut, or it installed a snapshot) raises RestartNeeded from follow(): its files are already made
 right, and it must be started again (recovery rebuilds memory from them) before it follows.
@@ -82,6 +92,11 @@ MESSAGE_BYTES_MAX = 300 << 20  # a frame holds at most 256 MiB (queen/wal/frame.
 CHUNK_BYTES = 1 << 20  # catch-up frames and snapshot chunks per message
 QUEUED_BYTES_MAX = 64 << 20  # a follower further behind than this is dropped; it catches up from disk
 LATE_WRITE_S = 1.5  # test-only (ack_before_fsync): how long acked frames wait before being written
+SYNC_WATCH_S = 0.05  # how often the leader looks for calls that waited too long: the bound's precision
+SYNC_STALL_S = 1.0  # a look this much later than due is skipped (_watch_sync says why)
+# sync_unavailable's retry hint: the sync set comes back with a follower that restarts, or catches
+# up, in seconds, not with an election's few hundred ms.
+SYNC_RETRY_MS = 1000
 _LENGTH = struct.Struct(">I")
 _ITEMS = {HELLO: 6, DIVERGE: 3, SNAPSHOT: 5, FRAME: 7, HEARTBEAT: 4, ACK: 4, REFUSE: 2, PROBE: 4}  # at least
 
@@ -101,6 +116,10 @@ class FollowerStatus:
     connected: bool
     acked_version: int  # highest version this follower has fsynced and acked
     lag_versions: int  # leader durable-local version - acked_version
+    # It has (acked or said at HELLO) every version the log held when its stream began, and the
+    # rest comes live: it may join the sync set. Lag 0 at some instant is no goal under steady
+    # writes: each frame reopens it.
+    caught_up: bool
 
 
 def unwrap(error: BaseException) -> BaseException:
@@ -145,6 +164,24 @@ class MessageReader:
         return message
 
 
+def sync_unavailable_error(members, timeout_s: float, applied) -> Unavailable:
+    """What a leader answers while its sync set is out of reach (module docstring). applied:
+    "unknown" for a call that waited and may have written (it is on this node's disk), False for
+    one refused before anything was applied, or a read."""
+    names = ", ".join(sorted(members)) or "-"
+    if applied is False:
+        what = "nothing of this call was applied; try again once the sync set is back"
+    else:
+        what = ("this call may have been applied: it is on the leader's disk, and reaches the sync set when it is "
+                "back, unless a failover cuts it; its outcome is unknown")
+    error = Unavailable("sync_unavailable", f"the leader's sync set ({names}) has not acknowledged for "
+                        f"{timeout_s:g} s (--sync-timeout): {what}",
+                        {"applied": applied, "sync": sorted(members), "syncTimeoutMs": int(timeout_s * 1000),
+                         "retryAfterMs": SYNC_RETRY_MS})
+    error.headers = [(b"retry-after", b"%d" % math.ceil(SYNC_RETRY_MS / 1000))]
+    return error
+
+
 def leader_lost(reason: str) -> Unavailable:
     """What a node that stopped leading answers the calls it had taken: 503 leader_lost, outcome
     unknown (a write may be on the new leader), unlike the routing's no_leader / not_leader, which
@@ -164,16 +201,19 @@ class _Link:
         self.wake = trio.Event()
         self.live = False  # caught up from disk: sends what the writer ships as it comes
         self.closed = False
+        self.goal = 0  # the log's last version when this stream began: reached, it is caught up
+        self.acked = 0  # the highest version the follower has on this stream (HELLO, then its acks)
 
 
 class Replicator:
     def __init__(self, *, node_id: str, data_dir: str, listen: tuple[str, int], state, writer, steps, clock, disk,
                  run_blocking, recovered, cluster: str = "", faults: test_faults.Faults = test_faults.NONE,
-                 sockets: list | None = None):
+                 sync_timeout_s: float, sockets: list | None = None):
         """recovered: what recovery found (queen/wal/recovery.py, Recovered): the log's last
         version. run_blocking should be the writer's (its disk thread): a cut of the log then never
         runs beside a commit. Reads the two epoch files (tiny) here, at start. faults: the
         failover suite's deliberate bugs (queen/cluster/faults.py), none in production.
+        sync_timeout_s: how long a call waits for the sync set at most (module docstring).
         sockets: the listening sockets to serve on, which the server bound before it touched the
         data directory and keeps across the node's restarts (serve leaves them open); without
         them serve binds `listen` itself, for its own lifetime."""
@@ -218,10 +258,23 @@ class Replicator:
         self._probe_wake = trio.Event()
         self.probes_sent = 0
         self._read_round_trip = not self.faults.no_read_barrier  # test-only switch (queen/cluster/faults.py)
+        # The sync timeout (module docstring), on the leader once it serves.
+        self.sync_timeout_s = sync_timeout_s
+        self._serving = False  # lead() returned: calls are timed (the EPOCH record waits unbounded)
+        self._shipped: deque = deque()  # (last_version, when shipped) of frames not known released
+        self._absent_since: dict[str, float] = {}  # sync member -> since when it has had no stream
+        self._unavailable_since: float | None = None  # the sync set is out of reach since then
+        self._outage_goal = 0  # back once every member acked this (the log's last at the outage)...
+        self._outage_round = 0  # ...and echoed a round at least this new
         writer.read_barrier = self._read_barrier
         steps.standby = True  # no ticks until this node leads
 
     # -- state ------------------------------------------------------------------------------------
+
+    @property
+    def sync_unavailable(self) -> bool:
+        """Whether this leader's sync set is out of reach now (module docstring)."""
+        return self._unavailable_since is not None
 
     def log_position(self) -> tuple[int, int]:
         """(last_epoch, last_version) of the local durable log."""
@@ -251,8 +304,9 @@ class Replicator:
     def followers(self) -> list[FollowerStatus]:
         local = self.writer.local_version
         nodes = sorted(set(self._acked) | set(self._links))
-        return [FollowerStatus(node, node in self._links, self._acked.get(node, 0),
-                               max(0, local - self._acked.get(node, 0))) for node in nodes]
+        links = self._links
+        return [FollowerStatus(node, node in links, self._acked.get(node, 0), max(0, local - self._acked.get(node, 0)),
+                               node in links and links[node].acked >= links[node].goal) for node in nodes]
 
     def step_down(self, reason: str) -> None:
         """Stop leading at once: answers not yet released get 503 leader_lost; nothing more is
@@ -264,11 +318,13 @@ class Replicator:
             self.steps.run(Drain())
         self.role = "none"
         self.steps.standby = True
+        self._serving = False
+        self._end_outage()
         self.writer.replicate = None
         error = leader_lost(reason)
         self.writer.stop(error)
         reads, self._reads = self._reads, deque()
-        for _, _, waiter in reads:
+        for _, _, waiter, _ in reads:
             waiter.error = error
             waiter.done.set()
         for link in list(self._links.values()):
@@ -291,6 +347,9 @@ class Replicator:
         self._acked = {}
         self._round_acked = {}
         self._probe_round = 0
+        self._shipped.clear()
+        self._absent_since = {}
+        self._end_outage()
         self._sync = frozenset(sync) - {self.node_id}
         writer, versions = self.writer, self.state.versions
         if self.faults.ignore_ceiling:  # test-only bug: on from the log's last record, reserved or not
@@ -318,6 +377,7 @@ class Replicator:
         await call.result()
         logger.info("event=leading epoch=%d first_version=%d sync=%s", epoch, first, ",".join(sorted(self._sync)))
         self.steps.standby = False
+        self._serving = True
 
     def _ship(self, data: bytes, last_version: int) -> None:
         """The writer's hook after each local fsync: the same bytes to every follower."""
@@ -327,6 +387,8 @@ class Replicator:
             return
         self._round += 1
         self._broadcast_round = self._round
+        if self._serving:
+            self._shipped.append((last_version, trio.current_time()))
         message = encode([FRAME, self.epoch, data, last_version, self.writer.durable_version, self.clock.now_ms(),
                           self._round])
         for link in list(self._links.values()):
@@ -362,7 +424,11 @@ class Replicator:
             waiter.error = failed if isinstance(failed, Unavailable) else leader_lost("this node does not lead")
             waiter.done.set()
             return
-        self._reads.append((self._round, version, waiter))
+        if self._unavailable_since is not None:  # no round trip comes back: do not wait for one
+            waiter.error = self._unavailable_for(waiter)
+            waiter.done.set()
+            return
+        self._reads.append((self._round, version, waiter, trio.current_time()))
         self._release_reads()
         if self._reads and not self._probe_wake.is_set():
             self._probe_wake.set()
@@ -378,7 +444,7 @@ class Replicator:
         rise in arrival order, so they go from the front."""
         reads, durable, acked = self._reads, self.writer.durable_version, self._sync_round()
         while reads:
-            after, version, waiter = reads[0]
+            after, version, waiter, _ = reads[0]
             if version > durable or after >= acked:
                 break
             reads.popleft()
@@ -397,16 +463,87 @@ class Replicator:
             newest = self._reads[-1][0]
             if self._probe_force or (self._broadcast_round <= newest and self._probe_round <= self._sync_round()):
                 self._probe_force = False
-                self._round += 1
-                self._probe_round = self._broadcast_round = self._round
-                self.probes_sent += 1
-                message = encode([PROBE, self.epoch, self._round, self.clock.now_ms()])
-                for node in self._sync:
-                    link = self._links.get(node)
-                    if link is not None:
-                        link.queue.append((0, message))
-                        link.queued_bytes += len(message)
-                        link.wake.set()
+                self._send_probe()
+
+    def _send_probe(self) -> None:
+        """A PROBE of a new round to every connected sync-set member: acked at once."""
+        self._round += 1
+        self._probe_round = self._broadcast_round = self._round
+        self.probes_sent += 1
+        message = encode([PROBE, self.epoch, self._round, self.clock.now_ms()])
+        for node in self._sync:
+            link = self._links.get(node)
+            if link is not None:
+                link.queue.append((0, message))
+                link.queued_bytes += len(message)
+                link.wake.set()
+
+    # -- the sync timeout (module docstring) ---------------------------------------------------------
+
+    async def _watch_sync(self) -> None:
+        last = trio.current_time()
+        while True:
+            await trio.sleep(SYNC_WATCH_S)
+            now = trio.current_time()
+            late, last = now - last > SYNC_WATCH_S + SYNC_STALL_S, now
+            # A tick this late says this loop stalled (a paused process, a long step): acks may be
+            # waiting unread in the sockets; they are read before the next tick looks.
+            if self.role == "leader" and self._serving and not late:
+                self._check_sync(now)
+
+    def _check_sync(self, now: float) -> None:
+        """Declare the sync set out of reach when a frame or a read has waited sync_timeout_s for
+        it, or a member has had no stream that long; while it is, answer whatever waits for it and
+        look for its return."""
+        durable, shipped, links = self.writer.durable_version, self._shipped, self._links
+        while shipped and shipped[0][0] <= durable:
+            shipped.popleft()
+        absent = self._absent_since
+        for node in list(absent):
+            if node not in self._sync or node in links:
+                del absent[node]
+        for node in self._sync:
+            if node not in links:
+                absent.setdefault(node, now)
+        if self._unavailable_since is None:
+            waiting = [*absent.values()]
+            if shipped:
+                waiting.append(shipped[0][1])
+            if self._reads:
+                waiting.append(self._reads[0][3])
+            if not waiting or now - min(waiting) < self.sync_timeout_s:
+                return
+            self._unavailable_since = now
+            self._outage_goal = self.writer.local_version
+            self._outage_round = self._round + 1
+            self.writer.sync_refusal = sync_unavailable_error(self._sync, self.sync_timeout_s, False)
+            logger.warning("event=sync_unavailable epoch=%d sync=%s waited_s=%.1f action=refusing_writes",
+                           self.epoch, ",".join(sorted(self._sync)), now - min(waiting))
+        elif all(node in links and self._acked.get(node, 0) >= self._outage_goal
+                 and self._round_acked.get(node, 0) >= self._outage_round for node in self._sync):
+            logger.info("event=sync_available epoch=%d sync=%s unavailable_s=%.1f", self.epoch,
+                        ",".join(sorted(self._sync)), now - self._unavailable_since)
+            self._end_outage()
+            return
+        # Out of reach: nothing that waits for the sync set waits any longer (writes admitted before
+        # the refusal reach it here, once fsynced); a probe asks whether it is back.
+        shipped.clear()
+        for waiter in self.writer.take_held():
+            waiter.error = self._unavailable_for(waiter)
+            waiter.done.set()
+        reads, self._reads = self._reads, deque()
+        for _, _, waiter, _ in reads:
+            waiter.error = self._unavailable_for(waiter)
+            waiter.done.set()
+        self._send_probe()
+
+    def _unavailable_for(self, waiter) -> Unavailable:
+        """sync_unavailable for a call that waited: unknown whether applied if it may have written."""
+        return sync_unavailable_error(self._sync, self.sync_timeout_s, "unknown" if waiter.wrote else False)
+
+    def _end_outage(self) -> None:
+        self._unavailable_since = None
+        self.writer.sync_refusal = None
 
     def _close_link(self, link: _Link) -> None:
         link.closed = True
@@ -428,6 +565,7 @@ class Replicator:
             async with trio.open_nursery() as nursery:
                 await nursery.start(trio.serve_listeners, self._serve_one, listeners)
                 nursery.start_soon(self._probe_when_reads_wait)
+                nursery.start_soon(self._watch_sync)
                 task_status.started(self.port)
         finally:
             for listener in listeners:
@@ -474,6 +612,7 @@ class Replicator:
             await self._send_snapshot(stream, node, snapshot)
             return
         link = _Link(node, stream)
+        link.acked = last_version  # its log holds this leader's up to there (no DIVERGE above)
         old = self._links.get(node)
         if old is not None:
             self._close_link(old)
@@ -481,7 +620,7 @@ class Replicator:
         if self._reads and node in self._sync:
             self._probe_force = True  # what was on its way to this node went with its old link
             self._probe_wake.set()
-        upto = self.log_last  # on disk; what is written after this comes through the queue
+        upto = link.goal = self.log_last  # on disk; what is written after this comes through the queue
         logger.info("event=follower_joined node=%s epoch=%d from_version=%d", node, epoch, last_version)
         try:
             async with trio.open_nursery() as nursery:
@@ -534,6 +673,8 @@ class Replicator:
                     round_moved = message[3] > self._round_acked.get(node, 0)
                     if round_moved:
                         self._round_acked[node] = message[3]
+                    if message[2] > link.acked:
+                        link.acked = message[2]
                     if message[2] > self._acked.get(node, 0):
                         self._acked[node] = message[2]
                         self._release()

@@ -47,7 +47,8 @@ def _cbor_default(encoder, value) -> None:
 
 
 def encode_body(document, wants_cbor: bool) -> tuple[bytes, bytes]:
-    """(body, content type)."""
+    """(body, content type). A JSON document ends with a newline, so answers printed one after
+    another (curl in a shell) do not run together; CBOR is framed by itself."""
     if wants_cbor:
         return cbor2.dumps(document, default=_cbor_default), CBOR
-    return orjson.dumps(document, default=json_default), JSON
+    return orjson.dumps(document, default=json_default, option=orjson.OPT_APPEND_NEWLINE), JSON

@@ -132,18 +132,22 @@ def _schemas(limits: Limits) -> dict:
     tenant_view = _obj(("tenant", "limits", "paused", "pausedBy"), closed=False, tenant=_STR,
                        usage={"type": ["object", "null"]}, limits={"type": "object"},
                        paused=_obj(("kv", "queues"), kv=_BOOL, queues=_BOOL), pausedBy={"type": "object"})
+    queue_totals = _obj(("pushed", "popped", "acked", "failed"), closed=False,
+                        pushed=_int(0, description="appended, timer fires included"),
+                        popped=_int(0, description="delivered"),
+                        acked=_int(0, description="completed: acked, or auto-acked as delivered"),
+                        failed=_int(0, description="deliveries ended by a failed ack, an expired lease or the DLQ"))
+    queue_totals["description"] = ("the queue's messages since this server started (a restart or a new leader counts "
+                                   "from 0): counters, whose rates are its throughput")
     return {
-        "Error": {
-            "type": "object", "required": ["error"],
-            "description": "Every refusal. `code` and `detail` repeat the code and message at the top "
-                           "level, where the public Queen MQ client reads them.",
-            "properties": {
-                "error": _obj(("code", "message"), code={"type": "string", "pattern": "^[a-z0-9_]+$"},
-                              message=_STR, details={"type": "object"}),
-                "code": _STR, "detail": _STR,
-            },
-        },
-        "Health": _obj(("status",), closed=False, status={"enum": ["ok", "failed", "shutting_down"]},
+        "Error": {"description": "Every refusal, on every route.", **_obj(
+            ("error", "code", "details", "detail"),
+            error={"type": "string", "description": "what went wrong, in words a person reads"},
+            code={"type": "string", "pattern": "^[a-z0-9_]+$", "description": "snake_case, for programs"},
+            details={"type": "object", "description": "what the refusal is about (a field, a limit)"},
+            detail={"type": "string", "description": "the message again, where the public Queen MQ client reads it"})},
+        "Health": _obj(("status",), closed=False, status={"enum": ["ok", "failed", "shutting_down",
+                                                                              "sync_unavailable"]},
                        reason=_STR),
         "KvOperation": {"oneOf": list(kv_ops.values())},
         "KvBatch": _obj(("operations",), operations={"type": "array", "minItems": 1,
@@ -220,9 +224,17 @@ def _schemas(limits: Limits) -> dict:
                                "items": _obj(("partitionId", "offset"), partitionId=ident, offset=_int(0))}),
         "Requeued": _obj(("results",), closed=False, results={"type": "array", "items": {"type": "object"}}),
         "QueuePage": _obj(("items", "cursor"), closed=False, cursor=_CURSOR, items={"type": "array", "items": _obj(
-            ("queue",), closed=False, queue=_STR, partitions=_int(0), messages=_int(0))}),
+            ("queue", "consumers", "totals"), closed=False, queue=_STR, partitions=_int(0), messages=_int(0),
+            inFlight=_int(0, description="delivered under a live lease, not yet acked"),
+            consumers=_int(0, description="its groups' live leases and parked pops"), totals=_ref("QueueTotals"))}),
+        "QueueTotals": queue_totals,
         "QueueInfo": _obj(("found", "queue"), closed=False, found=_BOOL, queue=_STR, options={"type": "object"},
-                          groups={"type": "array"}),
+                          totals=_ref("QueueTotals"), groups={"type": "array", "items": _obj(
+                              ("consumerGroup", "inFlight", "leases", "parkedPops", "consumers"), closed=False,
+                              consumerGroup=_STR, inFlight=_int(0), leases=_int(0, description="live leases holding "
+                                                                                                 "messages"),
+                              parkedPops=_int(0, description="pops parked now, waiting for a message"),
+                              consumers=_int(0, description="leases + parkedPops"))}),
         "PartitionPage": _obj(("items", "cursor"), closed=False, cursor=_CURSOR, items={"type": "array", "items": _obj(
             ("partition", "partitionId"), closed=False, partition=_STR, partitionId=ident)}),
         "Deleted": _obj(("deleted",), closed=False, deleted=_BOOL, reason=_STR),
@@ -238,9 +250,11 @@ def _schemas(limits: Limits) -> dict:
         "ServerInfo": _obj(("version", "startedAt", "uptimeSeconds"), closed=False, version=_STR,
                            startedAt=_int(0), uptimeSeconds={"type": "number", "minimum": 0}, dataDir=_STR,
                            log={"type": "object"}, fsync={"type": "object"}, connections={"type": "object"},
-                           requestsTotal=_int(0)),
-        "ClusterStatus": _obj(("cluster", "node", "role", "epoch", "leader", "sync", "degraded", "lastVersion",
-                               "followers"), closed=False, cluster=_NULLABLE_STR, node=_NULLABLE_STR,
+                           requestsTotal=_int(0), clientErrorsTotal=_int(0, description="answers 4xx since the start"),
+                           serverErrorsTotal=_int(0, description="answers 5xx since the start")),
+        "ClusterStatus": _obj(("cluster", "node", "role", "epoch", "serving", "leader", "sync", "degraded",
+                               "syncUnavailable", "lastVersion", "followers"), closed=False, cluster=_NULLABLE_STR,
+                              node=_NULLABLE_STR, serving=_BOOL, syncUnavailable=_BOOL,
                               role={"enum": ["single", "starting", "follower", "candidate", "promoting", "leader",
                                              "fenced"]},
                               epoch=_int(0), leader={"type": ["object", "null"]}, sync={"type": "array",
@@ -332,8 +346,9 @@ def _operations(limits: Limits) -> list[Operation]:
     )
     delete_metadata = _query("deleteMetadata", _STR, "the Queen MQ client's; ignored")
     return [
-        Operation("GET", "/healthz", "/healthz", "none", "Liveness and readiness: 200 ok, 503 failed disk or "
-                  "shutting down", "Health", statuses=(503,)),
+        Operation("GET", "/healthz", "/healthz", "none", "Liveness and readiness: 200 ok, 503 failed disk, "
+                  "shutting down, or a cluster leader's sync set out of reach (sync_unavailable: it clears by "
+                  "itself)", "Health", statuses=(503,)),
         Operation("GET", "/health", "/health", "none", "The Queen MQ client's spelling of /healthz", "Health",
                   statuses=(503,)),
         Operation("GET", "/api/v1/openapi.json", "/api/v1/openapi.json", "reader", "This document", "OpenApi"),
@@ -472,7 +487,8 @@ def _operations(limits: Limits) -> list[Operation]:
 _COMMON = (400, 408, 413, 431, 503)
 _REASONS = {400: "Bad request: the call is malformed or breaks a limit; nothing was applied",
             401: "No token, or one that is not valid",
-            403: "The token's role may not make this call",
+            403: "The token's role may not make this call (with ?tenant=: only the operator reads as a tenant, "
+                 "and only on reads)",
             404: "Not found",
             409: "Not possible now (a cluster change): the message says why",
             408: "The request did not arrive in time",
@@ -489,16 +505,28 @@ def _json_content(schema: dict) -> dict:
     return {media: {"schema": schema} for media in JSON_AND_CBOR}
 
 
+# Every GET a reader may call reads a tenant's data: the operator names which (queen/http/routes.py,
+# Api._read_as); any other token naming one is refused, and so is a route that may write.
+_READ_AS = Param("tenant", "query", {"type": "string", "minLength": 1, "maxLength": 32},
+                 "the operator only: read as this tenant (its names, read rights only). Any other token: 403 "
+                 "tenant_forbidden; a route that writes: 403 tenant_read_only; no such tenant: 404 tenant_not_found")
+
+
+def _reads_as_tenant(op: Operation) -> bool:
+    return op.method == "GET" and op.role == "reader"
+
+
 def _operation_object(op: Operation) -> dict:
     description = " ".join(part for part in (_ROLE_TEXT[op.role], op.description) if part)
+    params = (*op.params, _READ_AS) if _reads_as_tenant(op) else op.params
     document: dict = {"summary": op.summary, "description": description, "x-queen-role": op.role,
                       "x-queen-route": op.route,
                       "operationId": (op.method.lower() + op.path.replace("{", "").replace("}", "")
                                       .replace("/", "_").replace(".", "_").replace("-", "_"))}
-    if op.params:
+    if params:
         document["parameters"] = [
             {"name": p.name, "in": p.where, "required": p.where == "path", "schema": p.schema,
-             **({"description": p.description} if p.description else {})} for p in op.params]
+             **({"description": p.description} if p.description else {})} for p in params]
     if op.body is not None:
         document["requestBody"] = {
             "required": op.body_required,
@@ -509,7 +537,10 @@ def _operation_object(op: Operation) -> dict:
     else:
         ok = {"description": "OK (CBOR when the request's Accept starts application/cbor)",
               "content": _json_content(_ref(op.answer))}
+    ok["headers"] = _REQUEST_ID_HEADER
     statuses = set(_COMMON) | set(op.statuses)
+    if _reads_as_tenant(op):
+        statuses |= {403, 404}
     if op.role != "none":
         statuses.add(401)
         document["security"] = [{"bearerAuth": []}]
@@ -520,6 +551,9 @@ def _operation_object(op: Operation) -> dict:
         responses[str(status)] = {"$ref": f"#/components/responses/Error{status}"}
     document["responses"] = responses
     return document
+
+
+_REQUEST_ID_HEADER = {"X-Request-Id": {"$ref": "#/components/headers/RequestId"}}
 
 
 def build_document(version: str, limits: Limits | None = None) -> dict:
@@ -534,14 +568,21 @@ def build_document(version: str, limits: Limits | None = None) -> dict:
             "title": "Queen",
             "version": version,
             "description": "A single-process coordination broker: durable KV, leased locks with fencing "
-                           "tokens, timers and queues. Errors answer {\"error\": {\"code\", \"message\", "
-                           "\"details\"}}. Without an auth file every caller is the operator.",
+                           "tokens, timers and queues. Every refusal answers {\"error\": \"<message>\", "
+                           "\"code\", \"details\", \"detail\"}; every answer carries X-Request-Id. Without an "
+                           "auth file every caller is the operator.",
         },
         "paths": paths,
         "components": {
             "schemas": _schemas(limits),
-            "responses": {f"Error{status}": {"description": reason, "content": _json_content(_ref("Error"))}
+            "responses": {f"Error{status}": {"description": reason, "content": _json_content(_ref("Error")),
+                                             "headers": _REQUEST_ID_HEADER}
                           for status, reason in _REASONS.items()},
+            "headers": {"RequestId": {
+                "description": "on every answer: the request's own X-Request-Id when it sent one of 1 to 128 "
+                               "characters of A-Z a-z 0-9 . _ : -, else one the server made; log lines about the "
+                               "request carry it as request_id",
+                "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"}}},
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer",
                                                "description": "queen_<id>_<secret>, from `queen auth add`"}},
         },

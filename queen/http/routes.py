@@ -8,7 +8,7 @@ The public Queen MQ client's spellings go through queen/http/queen_mq.py on the 
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, unquote, urlencode
 
 from queen import __version__
 from queen.auth import ADMIN, OPEN, READ, SERVER, WRITE, Authenticator, Forbidden, require
@@ -198,6 +198,8 @@ class Api:
         handler, level, request.route = entry
         if principal.level < level:
             raise Forbidden(principal, level)
+        if "tenant" in query:
+            query = self._read_as(request, level, query)
         cluster = self.cluster
         if cluster is not None and not cluster.serving and path not in ANSWERED_BY_ANY_NODE:
             return self._to_leader(request, cluster)
@@ -206,16 +208,50 @@ class Api:
             return document
         return self._reply(request, document)
 
+    def _read_as(self, request: Request, level: int, query: str) -> str:
+        """The operator's read as one tenant (`?tenant=NAME`, the dashboard's tenant selector): for
+        this request the caller is that tenant's reader, and the query goes on to the handler
+        without the parameter. A tenancy boundary: anyone but the operator naming a tenant is
+        refused, and so is a call that could write (a route a reader may not call, or not a GET)."""
+        params = parse_qs(query, keep_blank_values=True)
+        named = params.pop("tenant", None)
+        if named is None:
+            return query
+        principal = request.principal
+        if not principal.operator:
+            raise QueenError("tenant_forbidden", "only the server's operator (an admin token of tenant *) may read as "
+                             "a tenant (?tenant=); a tenant's own token reads its own data without it",
+                             {"tenant": named[-1]}, http_status=403)
+        if request.method != b"GET" or level != READ:
+            raise QueenError("tenant_read_only", "?tenant= is taken on reads only (GET routes a reader may call); "
+                             "write as the tenant with one of its own tokens", {"tenant": named[-1]},
+                             http_status=403)
+        tenant = named[-1]
+        problem = tenants.name_problem(tenant)
+        if problem or tenant == tenants.EVERY or len(set(named)) > 1:
+            raise BadRequest("invalid_tenant", problem or "name one tenant, not '*' or several", {"tenant": tenant})
+        if tenant not in self._known_tenants():
+            raise NotFound("tenant_not_found", f"no tenant {tenant!r}: no token or setting in the auth file names it "
+                           "and it holds nothing", {"tenant": tenant})
+        request.principal = principal.reading_as(tenant)
+        return urlencode(params, doseq=True)
+
     def _reply(self, request: Request, document, status: int = 200) -> Response:
         body, content_type = encode_body(document, request.accept.startswith(b"application/cbor"))
         return Response(status, body, content_type)
 
     def _health(self, request: Request) -> Response:
-        failed = self.router.writer.failed
+        """200 ok while this node can answer; 503 while it cannot: a failed log (until a restart),
+        shutting down, or a cluster leader whose sync set is out of reach (until it is back: no
+        restart, which would only start an election that cannot be won without the sync set)."""
+        writer = self.router.writer
+        failed = writer.failed
         if failed is not None:
             return self._reply(request, {"status": "failed", "reason": str(failed)}, 503)
         if self.router.draining:
             return self._reply(request, {"status": "shutting_down"}, 503)
+        if writer.sync_refusal is not None:
+            return self._reply(request, {"status": "sync_unavailable", "reason": writer.sync_refusal.message}, 503)
         return self._reply(request, {"status": "ok"})
 
     async def _openapi(self, request: Request, parts, query):
@@ -298,7 +334,7 @@ class Api:
             for op, result in zip(ops, results, strict=True):
                 if op.op == "release" and op.owner is None and result.get("released"):
                     # By token alone, not as its owner: a stuck permit an admin freed by hand.
-                    audit(principal, "lock_force_release", lock=op.name, slot=op.slot, lock_token=op.token)
+                    audit(request, "lock_force_release", lock=op.name, slot=op.slot, lock_token=op.token)
         return {"results": results}
 
     async def _list_locks(self, request: Request, parts, query: str):
@@ -489,7 +525,7 @@ class Api:
         self.tenancy.admit(request.principal, QUEUES, 1)
         result = await self.router.run_queue(request.principal.prefix + queue,
                                              QueueAdmin("purge", request.principal.prefix + queue, group=group))
-        audit(request.principal, "dlq_purge", queue=queue, group=group)
+        audit(request, "dlq_purge", queue=queue, group=group)
         return result
 
     async def _dlq_requeue(self, request: Request, parts, query):
@@ -516,7 +552,7 @@ class Api:
         queue = request.principal.prefix + shown_name
         self.tenancy.admit(request.principal, QUEUES, 1)
         result = await self.router.run_queue(queue, QueueAdmin("delete", queue))
-        audit(request.principal, "queue_delete", queue=shown_name)
+        audit(request, "queue_delete", queue=shown_name)
         return result
 
     async def _partitions(self, request: Request, parts, query):
@@ -539,7 +575,7 @@ class Api:
         queue = request.principal.prefix + shown_name
         self.tenancy.admit(request.principal, QUEUES, 1)
         result = await self.router.run_queue(queue, QueueAdmin("delete_group", queue, group=group))
-        audit(request.principal, "group_delete", queue=shown_name, group=group)
+        audit(request, "group_delete", queue=shown_name, group=group)
         return result
 
     async def _timer_one(self, request: Request, parts, query):
@@ -573,7 +609,7 @@ class Api:
         group = group_name(unquote(parts[0]), self.limits)
         self.tenancy.admit(request.principal, QUEUES, 1)
         result = await self.router.delete_group_everywhere(group, request.principal.prefix)
-        audit(request.principal, "group_delete", queue="*", group=group)
+        audit(request, "group_delete", queue="*", group=group)
         return result
 
     # -- the server --------------------------------------------------------------------------------
@@ -614,8 +650,9 @@ class Api:
     async def _cluster_status(self, request: Request, parts, query):
         check_params(_query(query), frozenset())
         if self.cluster is None:
-            return {"cluster": None, "node": None, "role": "single", "epoch": 0, "leader": None, "sync": [],
-                    "degraded": False, "lastVersion": self.router.writer.durable_version, "followers": []}
+            return {"cluster": None, "node": None, "role": "single", "epoch": 0, "serving": True, "leader": None,
+                    "sync": [], "degraded": False, "syncUnavailable": False,
+                    "lastVersion": self.router.writer.durable_version, "followers": []}
         return self.cluster.status()
 
     def _cluster_call(self, request: Request, fields: frozenset, needs: str | None) -> dict:
@@ -640,7 +677,7 @@ class Api:
             report = await self.cluster.switchover(document.get("to"))
         except NotPossible as refused:
             raise QueenError("switchover_refused", str(refused), http_status=409) from None
-        audit(request.principal, "cluster_switchover", to=report["to"], epoch=report["epoch"])
+        audit(request, "cluster_switchover", to=report["to"], epoch=report["epoch"])
         return report
 
     async def _force_promote(self, request: Request, parts, query):
@@ -655,7 +692,7 @@ class Api:
             raise QueenError("force_promote_refused", str(refused), http_status=409) from None
         except (EtcdUnavailable, EtcdError) as error:
             raise Unavailable("etcd_unavailable", f"etcd did not take the change: {error}") from None
-        audit(request.principal, "cluster_force_promote", node=report["node"], old_leader=report["oldLeader"],
+        audit(request, "cluster_force_promote", node=report["node"], old_leader=report["oldLeader"],
               may_be_lost=report["mayBeLost"])
         return report
 
@@ -687,8 +724,8 @@ class Api:
         check_params(_query(query), frozenset())
         principal = request.principal
         tenant = tenants.DEFAULT if principal.tenant == tenants.EVERY else principal.tenant
-        return {"token": principal.name, "role": principal.role, "tokenTenant": principal.tenant,
-                **self._tenant_view(tenant)}
+        return {"token": principal.name, "role": principal.role,
+                "tokenTenant": tenants.EVERY if principal.read_as else principal.tenant, **self._tenant_view(tenant)}
 
     async def _tenants(self, request: Request, parts, query):
         """The operator's view: every tenant the auth file or the data knows."""
@@ -702,7 +739,7 @@ class Api:
         if self.backup is None:
             raise NotFound("not_found", "this server takes no backups", {"path": "/api/v1/admin/snapshot"})
         version, data = await self.backup()
-        audit(request.principal, "snapshot", version=version, bytes=len(data))
+        audit(request, "snapshot", version=version, bytes=len(data))
         return Response(200, data, b"application/octet-stream", [(b"queen-snapshot-version", b"%d" % version)])
 
     def _known_tenants(self) -> set[str]:
@@ -745,7 +782,7 @@ class Api:
             raise BadRequest("invalid_body", 'say what: {"kv": true} (locks included), {"queues": true}, or both')
         self.router.refuse_writes_if_unavailable()
         paused = await self.tenancy.set_paused(tenant, areas, "operator" if principal.operator else "admin")
-        audit(principal, "pause" if pausing else "resume", target_tenant=tenant,
+        audit(request, "pause" if pausing else "resume", target_tenant=tenant,
               areas=",".join(sorted(areas)))
         return {"tenant": tenant, "paused": {area: area in paused for area in AREAS}}
 

@@ -225,8 +225,11 @@ def _bucket(rate: int | None, old: Bucket | None, now: float) -> Bucket | None:
     return Bucket(rate, now)
 
 
-def audit(principal, action: str, **fields) -> None:
-    """One info line per admin action, naming the token (never its secret)."""
+def audit(request, action: str, **fields) -> None:
+    """One info line per admin action of a request (queen/http/wire.py's Request), naming its token
+    (never its secret) and its request id, which the answer's X-Request-Id carries too."""
+    principal = request.principal
     fields = {name: value for name, value in fields.items() if value is not None}
-    logger.info("event=audit action=%s token=%r role=%s tenant=%s" + "".join(f" {name}=%r" for name in fields),
-                action, principal.name, principal.role, principal.tenant, *fields.values())
+    logger.info("event=audit action=%s token=%r role=%s tenant=%s" + "".join(f" {name}=%r" for name in fields)
+                + " request_id=%s", action, principal.name, principal.role, principal.tenant, *fields.values(),
+                request.request_id.decode())

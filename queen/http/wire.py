@@ -8,7 +8,8 @@ headers, a Content-Length body) is parsed by `parse_simple_request`, a strict su
 accepts that yields the same request; h11 costs several times more per request. Everything else (a
 request split across reads, chunked bodies, 100-continue, anything malformed) goes to h11, which
 decides every error but the line forms refused here. Responses are written here as bytes: ours are
-a status line and a few headers the server itself chose.
+a status line and a few headers the server itself chose, X-Request-Id among them on every answer
+(request_id_of: the client's own when well formed, never echoed otherwise).
 
 Framing the HTTP/1.1 grammar leaves open is refused, not guessed at: a request with both
 Content-Length and Transfer-Encoding, a head line ended by a bare LF or continued on the next line
@@ -19,7 +20,7 @@ announced larger than the body limit.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from http import HTTPStatus
 
 import h11
@@ -35,10 +36,10 @@ _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 
 class Request:
     __slots__ = ("method", "target", "content_type", "accept", "body", "keep_alive", "wait_gone", "answer_now",
-                 "authorization", "principal", "route")
+                 "authorization", "principal", "route", "request_id")
 
     def __init__(self, method: bytes, target: bytes, content_type: bytes, accept: bytes, body: bytes,
-                 keep_alive: bool = True, authorization: bytes = b""):
+                 keep_alive: bool = True, authorization: bytes = b"", request_id: bytes = b""):
         self.method = method
         self.target = target
         self.content_type = content_type
@@ -55,6 +56,9 @@ class Request:
         # The route's RequestSeries (queen/histogram.py) the answer is counted in, set by the routes
         # once the path matched one; None: counted as unmatched.
         self.route: RequestSeries | None = None
+        # The X-Request-Id header's value as the client sent it (b"" when absent); the connection
+        # replaces it with the id the answer carries (its own, or one it makes: request_id_of).
+        self.request_id = request_id
 
 
 class Response:
@@ -77,9 +81,23 @@ class Reject(Exception):
 
 
 INTERNAL = QueenError("internal", "the server failed to handle this request; see its log", http_status=500)
-# The last resort when even an error answer cannot be built: fixed bytes.
-INTERNAL_BODY = (b'{"error":{"code":"internal","message":"the server failed to handle this request; see its log",'
-                  b'"details":{}},"code":"internal","detail":"the server failed to handle this request; see its log"}')
+# The last resort when even an error answer cannot be built: fixed bytes, the envelope every
+# refusal has (tests/http/test_error_envelope.py holds the two to the same document).
+INTERNAL_BODY = (b'{"error":"the server failed to handle this request; see its log","code":"internal",'
+                 b'"details":{},"detail":"the server failed to handle this request; see its log"}\n')
+
+# A client's own X-Request-Id is kept when it is this: short printable ASCII that cannot break a log
+# line or a header. Anything else is replaced by one of ours, never echoed.
+REQUEST_ID_BYTES_MAX = 128
+_CLIENT_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,%d}" % REQUEST_ID_BYTES_MAX)
+
+
+def request_id_of(sent: bytes, new_ids: Iterator[bytes]) -> bytes:
+    """The id a request's answer and log lines carry: the client's X-Request-Id if it is well
+    formed, else the next of new_ids (the connection layer's)."""
+    if sent and _CLIENT_REQUEST_ID.fullmatch(sent) is not None:
+        return sent
+    return next(new_ids)
 
 
 def error_response(error: QueenError, wants_cbor: bool = False) -> Response:
@@ -138,7 +156,7 @@ def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] |
         HeadLines().feed(data)
         return None
     method, target, minor, fields = match.groups()
-    content_type = accept = authorization = b""
+    content_type = accept = authorization = request_id = b""
     authorizations = 0
     length = 0
     hosts = lengths = 0
@@ -169,6 +187,8 @@ def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] |
         elif name == b"connection":
             if b"close" in value.lower():
                 keep_alive = False
+        elif name == b"x-request-id":
+            request_id = value.strip(b" \t")
         elif name == b"transfer-encoding":
             chunked = True
         elif name == b"expect":
@@ -183,7 +203,8 @@ def parse_simple_request(data: bytes, config: Config) -> tuple[Request, bytes] |
     stop = start + length
     if len(data) < stop:
         return None
-    return Request(method, target, content_type, accept, data[start:stop], keep_alive, authorization), data[stop:]
+    return (Request(method, target, content_type, accept, data[start:stop], keep_alive, authorization, request_id),
+            data[stop:])
 
 
 _OBSOLETE_LINE = re.compile(rb"(?<!\r)\n|\r\n[ \t]")
@@ -231,12 +252,12 @@ def chunk_bytes_owed(conn: h11.Connection) -> int:
 class Head:
     """What the server needs from a request head, read in one pass over its headers."""
 
-    __slots__ = ("method", "target", "content_type", "accept", "keep_alive", "authorization")
+    __slots__ = ("method", "target", "content_type", "accept", "keep_alive", "authorization", "request_id")
 
     def __init__(self, event: h11.Request, config: Config):
         self.method = event.method
         self.target = event.target
-        self.content_type = self.accept = self.authorization = b""
+        self.content_type = self.accept = self.authorization = self.request_id = b""
         keep_alive = event.http_version == b"1.1"
         # h11 bounds only a head still incomplete in its buffer; one that arrived whole in a single
         # read is measured here.
@@ -263,6 +284,8 @@ class Head:
                 authorized = True
             elif name == b"connection":
                 keep_alive = b"close" not in value.lower() and keep_alive
+            elif name == b"x-request-id":
+                self.request_id = value
         if head_bytes > config.header_bytes_max:
             raise Reject(431, "head_too_large", f"the request head is over the limit of {config.header_bytes_max} bytes")
         if framings == 3:
@@ -274,14 +297,15 @@ _BOTH_FRAMINGS = ("the request has both Content-Length and Transfer-Encoding; se
                   "allows closing such a connection, and we do)")
 
 
-def encode_response(response: Response, keep_alive: bool) -> bytes:
-    return encode_head(response, keep_alive) + response.body
+def encode_response(response: Response, keep_alive: bool, request_id: bytes) -> bytes:
+    return encode_head(response, keep_alive, request_id) + response.body
 
 
-def encode_head(response: Response, keep_alive: bool) -> bytes:
-    """The status line and headers, up to the blank line that ends them."""
-    head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n" % (
-        response.status, _REASONS.get(response.status, b""), response.content_type, len(response.body))
+def encode_head(response: Response, keep_alive: bool, request_id: bytes) -> bytes:
+    """The status line and headers, up to the blank line that ends them. request_id: the
+    X-Request-Id every answer carries (request_id_of)."""
+    head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\nx-request-id: %s\r\n" % (
+        response.status, _REASONS.get(response.status, b""), response.content_type, len(response.body), request_id)
     if response.headers:
         head += b"".join(b"%s: %s\r\n" % header for header in response.headers)
     if not keep_alive:

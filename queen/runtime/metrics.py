@@ -242,6 +242,18 @@ def _queue_metrics(metric, queues: list[QueueStatistics], timers: list[TimerStat
     metric("queen_dlq_moves_total", "counter", "messages moved to a DLQ, by queue",
            [(labels, n) for shard in queues for queue, n in sorted(shard.dlq_moves.items())
             if (labels := queue_labels(queue)) is not None])
+
+    def by_queue(counts_of) -> list:
+        return [(labels, n) for shard in queues for queue, n in sorted(counts_of(shard).items())
+                if (labels := queue_labels(queue)) is not None]
+
+    # Since the start: the counters the dashboard's push, pop and ack rates come from.
+    metric("queen_queue_pushed_total", "counter", "messages appended to a queue (timer fires included)",
+           by_queue(lambda shard: shard.pushed_by_queue))
+    metric("queen_queue_popped_total", "counter", "messages delivered by pops",
+           by_queue(lambda shard: shard.popped_by_queue))
+    metric("queen_queue_acked_total", "counter", "messages completed: acked, or auto-acked as they were delivered",
+           by_queue(lambda shard: shard.acked_by_queue))
     metric("queen_queue_timers_pending", "gauge", "timers scheduled into a queue and not yet fired or cancelled",
            [(labels, n) for shard in timers for queue, n in sorted(shard.pending_by_queue)
             if (labels := queue_labels(queue)) is not None])
@@ -265,7 +277,8 @@ CLUSTER_ROLES = ("starting", "follower", "candidate", "promoting", "leader", "fe
 
 def render_cluster(status: dict) -> str:
     """A cluster node's series (queen/cluster/coordinator.py's status document): its role, the
-    epoch it leads or follows, and (on the leader) each follower's lag."""
+    epoch it leads or follows, whether the sync set is short or out of reach, and (on the leader)
+    each follower's lag."""
     node = _label(status["node"])
     out = ["# HELP queen_cluster_role 1 for the role this node has now (leader, follower, ...)\n"
            "# TYPE queen_cluster_role gauge\n"]
@@ -273,6 +286,14 @@ def render_cluster(status: dict) -> str:
                for role in CLUSTER_ROLES)
     out.append("# HELP queen_cluster_epoch the epoch this node leads or follows (0: none yet)\n"
                f"# TYPE queen_cluster_epoch gauge\nqueen_cluster_epoch{{node=\"{node}\"}} {status['epoch']}\n")
+    out.append("# HELP queen_cluster_degraded 1 while the leader's sync set has fewer members than it wants: writes "
+               "are acknowledged on fewer copies (a follower shows what etcd says)\n"
+               f"# TYPE queen_cluster_degraded gauge\nqueen_cluster_degraded{{node=\"{node}\"}} "
+               f"{int(status['degraded'])}\n")
+    out.append("# HELP queen_cluster_sync_unavailable 1 while the leader's sync set is out of reach: writes answer 503 "
+               "sync_unavailable (a follower shows what the leader announced)\n"
+               "# TYPE queen_cluster_sync_unavailable gauge\n"
+               f"queen_cluster_sync_unavailable{{node=\"{node}\"}} {int(status['syncUnavailable'])}\n")
     out.append("# HELP queen_cluster_follower_lag_versions versions the leader has that a follower has not acked\n"
                "# TYPE queen_cluster_follower_lag_versions gauge\n")
     out.extend(f'queen_cluster_follower_lag_versions{{follower="{_label(f["node"])}"}} {f["lagVersions"]}\n'

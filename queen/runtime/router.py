@@ -66,6 +66,8 @@ class Router:
                               "see its log); writes are refused until it is restarted", {"cause": str(self.writer.failed)})
         if self.draining:
             raise Unavailable("shutting_down", "the server is shutting down")
+        if self.writer.sync_refusal is not None:  # a cluster leader whose sync set is out of reach
+            raise self.writer.sync_refusal
 
     async def run_kv(self, ops: list[KvOp], has_writes: bool, *, from_memory: bool = False) -> list[dict]:
         """from_memory (reads only): answer from memory as soon as the shards have, without waiting

@@ -22,6 +22,7 @@ from queen.clock import Clock
 from queen.config import Config, host_port, is_loopback, with_port
 from queen.core.state import Drain, State
 from queen.core.wheel import TICK_MS
+from queen.histogram import answered
 from queen.http.connection import HttpServer, bind_listeners, connection_budget, start_listening
 from queen.http.routes import Api
 from queen.http.tls import server_context
@@ -373,7 +374,8 @@ class Server:
         replicator = Replicator(node_id=config.node_id, data_dir=config.data_dir,
                                 listen=host_port(config.replication_listen), state=state, writer=writer, steps=steps,
                                 clock=clock, disk=self.disk, run_blocking=run_blocking, recovered=recovered,
-                                cluster=config.cluster, faults=self._faults, sockets=self._replication_sockets)
+                                cluster=config.cluster, faults=self._faults, sync_timeout_s=config.sync_timeout_s,
+                                sockets=self._replication_sockets)
         # What the node publishes (its leader and members/ documents) names the ports it bound,
         # never a 0 it was given.
         settings = Settings(config.cluster, config.node_id, with_port(config.advertise.rstrip("/"), self.port),
@@ -417,6 +419,7 @@ class Server:
         if not operator:
             return document
         wal, http = self.writer.statistics(), self.http.statistics()
+        series = [*self.http.app.request_series, self.http.unmatched]
         run_blocking = self.run_blocking or trio.to_thread.run_sync  # a directory listing: off the loop
         log_bytes, segments, snapshots = await run_blocking(_log_on_disk, self.config.data_dir)
         document.update(
@@ -428,7 +431,8 @@ class Server:
                    "meanMs": round(wal.fsync_seconds_total * 1000 / wal.batches, 3) if wal.batches else 0.0,
                    "frames": wal.batches},
             connections={"open": http.connections, "max": http.connections_allowed},
-            requestsTotal=http.requests_total)
+            requestsTotal=http.requests_total, clientErrorsTotal=answered(series, 400, 500),
+            serverErrorsTotal=answered(series, 500, 600))
         return document
 
     def metrics_text(self, tenant: str | None = None) -> str:

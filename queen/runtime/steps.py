@@ -97,15 +97,19 @@ class Done:
 
 class Call:
     """One request's operations on their way through steps and the WAL: `parts_left` counts the
-    answers it still waits for (one per operation sent to a shard, parked ones included)."""
+    answers it still waits for (one per operation sent to a shard, parked ones included). `wrote`:
+    a step that wrote something answered one of them (perhaps another call's records: it errs on
+    the side of "may have written"), so a call that fails while it waits for durability can say
+    whether it may have been applied (a cluster's sync_unavailable)."""
 
-    __slots__ = ("results", "parts_left", "done", "error")
+    __slots__ = ("results", "parts_left", "done", "error", "wrote")
 
     def __init__(self, slots: int, parts: int):
         self.results: list = [None] * slots
         self.parts_left = parts
         self.done = Done()
         self.error = None
+        self.wrote = False
 
     async def result(self) -> list:
         """Every part's answer once all are in and durable; the call's error raised instead if it
@@ -142,9 +146,12 @@ class StepRunner:
         if applied.last_version:
             writer.submit(applied.records, applied.first_version, applied.last_version)
         last = self.state.versions.last
+        wrote = applied.last_version != 0
         for call, position, result in applied.answers:
             call.results[position] = result
             call.parts_left -= 1
+            if wrote:
+                call.wrote = True
             if not call.parts_left:
                 writer.when_durable(last, call)
         if applied.failures:

@@ -21,6 +21,9 @@ versions in etcd): a batch whose last version is above it waits, unwritten and u
 `ceiling_wanted` is set whenever a renewal is cut short by the cap. On a cluster's node,
 `read_barrier` takes the waiters with nothing left to ship (version <= fsynced here: a read, or a
 write that changed nothing): the leader answers them only after a round trip to its sync set.
+When the sync set stays out of reach, the replicator answers the held waiters itself
+(`take_held`) and sets `sync_refusal`, which the router raises for every new write until it is
+cleared (nothing is applied then).
 
 Who commits: the writer task, woken by a submit. Except for a lone client on a single node: a caller
 that brackets its steps with hold()/unhold() (the router) and finds, on unhold, the writer idle,
@@ -175,6 +178,9 @@ class WalWriter:
         self._ceiling_raised = trio.Event()
         self.ceiling_wanted = trio.Event()
         self.read_barrier = None  # a cluster's (module docstring); None on a single node
+        # A cluster leader's, while its sync set is out of reach: new writes are refused with it
+        # before anything is applied (queen/runtime/router.py), /healthz reports it.
+        self.sync_refusal: QueenError | None = None
 
     @property
     def ceiling_allowed(self) -> int:
@@ -266,6 +272,15 @@ class WalWriter:
         while held and held[0][0] <= version:
             for waiter in held.popleft()[1]:
                 waiter.done.set()
+
+    def take_held(self) -> list:
+        """While `replicate` is set: the waiters of frames fsynced here that the sync set has not
+        acked yet, taken out for the replicator to answer otherwise (its sync set is out of
+        reach); release() sets none of them later. Their versions stay unreleased
+        (durable_version) until the sync set acks them."""
+        waiters = [waiter for _, bucket in self._held for waiter in bucket]
+        self._held.clear()
+        return waiters
 
     def when_durable(self, version: int, waiter) -> None:
         """Set waiter.done once `version` is durable; with waiter.error if it never will be."""
@@ -401,11 +416,11 @@ class WalWriter:
             if self._fsync_mean_s > INLINE_FSYNC_S_MAX or (self.fsync_last_s > INLINE_STALL_S_MAX and not alone):
                 self._inline = False
                 self._thread_since_s = now_s if not alone else now_s - THREAD_HOLD_S
-                logger.info("event=wal_commits_to_thread fsync_mean_ms=%.3f fsync_last_ms=%.3f",
+                logger.debug("event=wal_commits_to_thread fsync_mean_ms=%.3f fsync_last_ms=%.3f",
                             self._fsync_mean_s * 1000, self.fsync_last_s * 1000)
         elif self._fsync_mean_s < INLINE_FSYNC_S_MAX / 2 and (alone or now_s - self._thread_since_s >= THREAD_HOLD_S):
             self._inline = True
-            logger.info("event=wal_commits_inline fsync_mean_ms=%.3f", self._fsync_mean_s * 1000)
+            logger.debug("event=wal_commits_inline fsync_mean_ms=%.3f", self._fsync_mean_s * 1000)
 
     def stop(self, error: Exception) -> None:
         """Take no more writes: what is in memory can no longer be trusted to match the log (or

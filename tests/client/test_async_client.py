@@ -456,7 +456,7 @@ class ScriptedServer:
                     return
                 status, payload = reply
                 if status != 200:
-                    payload = b'{"error":{"code":"%s","message":"scripted","details":{}}}' % payload.encode()
+                    payload = b'{"error":"scripted","code":"%s","details":{},"detail":"scripted"}' % payload.encode()
                 await stream.send(b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\nretry-after: 0\r\n\r\n%s"
                                   % (status, len(payload), payload))
 

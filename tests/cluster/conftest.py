@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
-from tests.cluster.harness.etcd import ETCD, etcd_installed
+from tests import system_tools
+from tests.cluster.harness.etcd import etcd_installed
 
-REASON = f"SKIPPED LOUDLY: etcd not installed ({ETCD} missing; apt-get install etcd-server): the cluster suite did not run"
+REASON = system_tools.missing_message("etcd", "the cluster suite (tests/cluster/)")
 _said = []
 
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,23 +18,12 @@ import urllib.request
 import pytest
 
 from queen.testing import free_port
+from tests import system_tools
 from tests.cluster.harness.etcd import BIND_ATTEMPTS, log_size, lost_its_port
-
-ETCD = os.environ.get("QUEEN_TEST_ETCD", "/usr/bin/etcd")
-SKIP_MESSAGE = "SKIPPED LOUDLY: etcd not installed (apt-get install etcd-server)"
-
-
-_said = []
 
 
 def require_etcd() -> str:
-    path = ETCD if os.path.exists(ETCD) else shutil.which("etcd")
-    if not path:
-        if not _said:  # one loud line for the run, however many tests skip
-            _said.append(True)
-            print(SKIP_MESSAGE, file=sys.stderr)
-        pytest.skip(SKIP_MESSAGE)
-    return path
+    return system_tools.require("etcd", "the single-member etcd tests")
 
 
 class EtcdProcess:

@@ -26,6 +26,7 @@ except ModuleNotFoundError:
         connected: bool
         acked_version: int
         lag_versions: int
+        caught_up: bool
 
     _stub = types.ModuleType("queen.cluster.replication")
     _stub.StreamEnded = StreamEnded
@@ -67,6 +68,7 @@ class FakeReplicator:
         self.stepped_down: list[str] = []
         self.serving = False
         self.acked: dict[str, int] = {}  # follower -> acked version (leader side)
+        self.sync_unavailable = False
 
     def log_position(self) -> tuple[int, int]:
         return self.last_epoch, self.last_version
@@ -115,7 +117,8 @@ class FakeReplicator:
             if other is self or not other.alive or other.role != "follower" or other.epoch != self.epoch:
                 continue
             acked = self.acked.get(other.node, 0)
-            found.append(FollowerStatus(other.node, True, acked, self.last_version - acked))
+            # Its first copy took this leader's whole log as it stood then: caught up from then on.
+            found.append(FollowerStatus(other.node, True, acked, self.last_version - acked, other.node in self.acked))
         return found
 
     async def follow(self, epoch: int, leader: str, address: tuple[str, int]) -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from queen.cli import build_parser, resolve_config
 from queen.cli.cluster import format_table
@@ -20,6 +21,8 @@ from queen.http.wire import Request
 from queen.runtime.metrics import render_cluster
 from queen.testing import ServerProcess
 
+CLUSTER_ARGS = ("--cluster", "t", "--node", "n1", "--etcd", "http://e:2379", "--advertise", "http://a:6632",
+                "--replication-listen", "a:6642")
 CLUSTER = dict(cluster="t", node_id="n1", etcd="http://127.0.0.1:2379,http://127.0.0.1:2380",
                advertise="http://10.0.0.1:6632", replication_listen="10.0.0.1:6642")
 
@@ -32,6 +35,12 @@ def test_cluster_flags_resolve_with_their_short_spellings():
     assert (config.cluster, config.node_id, config.leader_ttl_s, config.sync_mode, config.lease_grace_s) == (
         "t", "n1", 2.0, "degrade", 3.0)
     assert validate(config) == []
+    assert config.sync_timeout_s == 5.0  # the default: below the SDK's and the CLI's 10 s timeout
+    args = build_parser().parse_args(["serve", *CLUSTER_ARGS, "--sync-timeout", "2.5"])
+    assert resolve_config(args, environ={}).sync_timeout_s == 2.5
+    assert resolve_config(build_parser().parse_args(["serve", *CLUSTER_ARGS]),
+                          environ={"QUEEN_SYNC_TIMEOUT_S": "4"}).sync_timeout_s == 4.0
+    assert validate(Config(**CLUSTER, sync_timeout_s=0)) == ["sync timeout must be between 0.1 and 3600 seconds"]
 
 
 def test_cluster_flags_are_checked():
@@ -55,8 +64,9 @@ class FakeCluster:
         self.calls = []
 
     def status(self):
-        return {"cluster": "t", "node": "n2", "role": self.role, "epoch": self.epoch, "leader": None, "sync": [],
-                "degraded": False, "lastVersion": 7, "followers": [
+        return {"cluster": "t", "node": "n2", "role": self.role, "epoch": self.epoch, "serving": self.serving,
+                "leader": None, "sync": [], "degraded": False, "syncUnavailable": False, "lastVersion": 7,
+                "followers": [
                     {"node": "n3", "connected": True, "ackedVersion": 5, "lagVersions": 2}]}
 
     async def switchover(self, to=None):
@@ -73,6 +83,7 @@ class FakeRouter:
     class writer:  # noqa: N801 - stands for the router's writer
         durable_version = 11
         failed = None
+        sync_refusal = None
 
     draining = False
 
@@ -92,7 +103,7 @@ async def test_a_follower_redirects_client_routes_to_the_leader_keeping_path_and
     answer = await api.handle(request("PUT", "/api/v1/kv/ns/k?x=1", b'{"value": 1}'))
     assert answer.status == 307
     assert dict(answer.headers)[b"location"] == b"http://leader:6632/api/v1/kv/ns/k?x=1"
-    assert json.loads(answer.body)["error"]["code"] == "not_leader"
+    assert json.loads(answer.body)["code"] == "not_leader"
     answer = await api.handle(request("GET", "/api/v1/pop/queue/q?waitMs=5"))
     assert answer.status == 307
 
@@ -155,7 +166,7 @@ async def test_a_single_server_has_no_cluster_to_change():
     status = json.loads((await server._handle(request("GET", "/api/v1/cluster"))).body)
     assert status["role"] == "single" and status["lastVersion"] == 11
     answer = await server._handle(request("POST", "/api/v1/cluster/switchover"))
-    assert answer.status == 409 and json.loads(answer.body)["error"]["code"] == "not_clustered"
+    assert answer.status == 409 and json.loads(answer.body)["code"] == "not_clustered"
     assert answer.headers is None or all(name != b"x-queen-epoch" for name, _ in answer.headers)
 
 
@@ -165,6 +176,28 @@ def test_cluster_metrics():
     assert 'queen_cluster_role{node="n2",role="leader"} 0' in text
     assert 'queen_cluster_epoch{node="n2"} 42' in text
     assert 'queen_cluster_follower_lag_versions{follower="n3"} 2' in text
+    assert 'queen_cluster_degraded{node="n2"} 0' in text and 'queen_cluster_sync_unavailable{node="n2"} 0' in text
+    text = render_cluster({**FakeCluster(role="leader").status(), "degraded": True, "syncUnavailable": True})
+    assert 'queen_cluster_degraded{node="n2"} 1' in text and 'queen_cluster_sync_unavailable{node="n2"} 1' in text
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    assert families["queen_cluster_sync_unavailable"].type == "gauge"
+    assert families["queen_cluster_degraded"].samples[0].value == 1
+
+
+async def test_a_leader_whose_sync_set_is_out_of_reach_fails_its_health_check():
+    from queen.cluster.replication import sync_unavailable_error
+
+    class Writer(FakeRouter.writer):
+        sync_refusal = sync_unavailable_error({"n3"}, 10.0, False)
+
+    router = FakeRouter()
+    router.writer = Writer
+    api = Api(router, Limits())
+    api.cluster = FakeCluster(role="leader", serving=True, leader=None)
+    answer = await HttpServer(api, Config())._handle(request("GET", "/healthz"))
+    assert answer.status == 503
+    body = json.loads(answer.body)
+    assert body["status"] == "sync_unavailable" and "(n3)" in body["reason"]
 
 
 def test_status_table():
@@ -204,3 +237,16 @@ def test_status_exits_1_when_nodes_answer_but_none_serves(monkeypatch, capsys):
     assert "no node serves as leader" in capsys.readouterr().err
     roles["http://b:1"] = "leader"
     assert main(["cluster", "status", "--url", "http://a:1,http://b:1"]) == 0
+
+
+@pytest.mark.parametrize("field,code,says", [("syncUnavailable", 69, "sync_unavailable: the leader n2 cannot reach"),
+                                             ("degraded", 1, "degraded: the leader n2")])
+def test_status_exits_non_zero_while_the_leaders_sync_set_is_short_or_out_of_reach(monkeypatch, capsys, field, code,
+                                                                                    says):
+    from queen.cli import cluster as cluster_cli
+    from queen.cli import main
+
+    answer = {**FakeCluster(role="leader", serving=True).status(), "sync": ["n3"], field: True}
+    monkeypatch.setattr(cluster_cli, "call", lambda *args, **kw: (200, answer))
+    assert main(["cluster", "status", "--url", "http://a:1"]) == code
+    assert says in capsys.readouterr().err

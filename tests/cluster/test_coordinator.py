@@ -87,8 +87,8 @@ def test_campaign_members():
     assert c.campaign_members(_sync(("c",), forced="c"), "c", c.STRICT) == frozenset()
 
 
-def _status(node, acked, lag, connected=True):
-    return FollowerStatus(node, connected, acked, lag)
+def _status(node, acked, lag, connected=True, caught_up=None):
+    return FollowerStatus(node, connected, acked, lag, lag == 0 if caught_up is None else caught_up)
 
 
 def test_plan_sync_adds_caught_up_followers_up_to_the_count():
@@ -118,6 +118,17 @@ def test_plan_sync_strict_swaps_only_for_a_caught_up_follower():
     assert c.plan_sync(members, lagging_c, c.STRICT, 1, health, 0.0, 1.0) is None
     assert c.plan_sync(members, lagging_c, c.STRICT, 1, health, 5.0, 1.0) is None  # stalls: nobody to swap in
     assert c.plan_sync(members, [_status("c", 7, 0)], c.STRICT, 1, health, 6.0, 1.0) == {"c"}
+
+
+def test_plan_sync_adds_a_follower_that_reached_where_the_log_stood_when_its_stream_began_though_it_lags():
+    # Under steady writes a live follower is always a frame or two behind at a poll: lag 0 never
+    # comes, and it must join anyway once it holds what the log held when its stream began.
+    health = {}
+    assert c.plan_sync(frozenset(), [_status("b", 900, 3, caught_up=True)], c.STRICT, 1, health, 0.0, 1.0) == {"b"}
+    assert c.plan_sync(frozenset(), [_status("b", 900, 3, caught_up=False)], c.STRICT, 1, health, 0.0, 1.0) is None
+    assert c.plan_sync(frozenset(), [_status("b", 900, 0, caught_up=False)], c.STRICT, 1, health, 0.0, 1.0) is None
+    assert c.plan_sync(frozenset({"b"}), [_status("b", 5, 3, connected=False), _status("c", 900, 2, caught_up=True)],
+                       c.STRICT, 1, health, 0.0, 1.0) == {"c"}  # strict swaps in the caught-up one at once
 
 
 def test_ceiling_and_loss_estimate():
@@ -383,4 +394,36 @@ async def test_degrade_mode_drops_a_dead_member_before_answering_without_it(etcd
         assert observed.sync.members == frozenset() and observed.sync.degraded
         _, what, details = next(ev for ev in reversed(leader.coordinator.events) if ev[1] == "sync")
         assert details == {"members": [], "was": [member]}
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("mode", [c.STRICT, c.DEGRADE])
+async def test_a_leader_is_degraded_until_its_sync_set_is_full(etcd, mode):  # noqa: F811
+    net = FakeNet()
+    async with trio.open_nursery() as nursery:
+        [a] = await start(nursery, net, etcd.url, ["a"], mode=mode)
+        await until(lambda: a.coordinator.role == c.LEADER and a.coordinator.serving)
+        # Bootstrap: nobody to copy to, so answers rest on the leader's disk alone: it says so.
+        assert a.coordinator.status()["degraded"] is True and a.coordinator.sync.members == frozenset()
+        assert (await a.coordinator.observe()).sync.degraded
+        [b] = await start(nursery, net, etcd.url, ["b"], mode=mode)
+        await until(lambda: a.coordinator.sync.members == {"b"})
+        assert a.coordinator.status()["degraded"] is False and not (await a.coordinator.observe()).sync.degraded
+        await until(lambda: b.coordinator.status()["degraded"] is False)  # a follower shows what etcd says
+        nursery.cancel_scope.cancel()
+
+
+async def test_every_node_shows_when_the_leaders_sync_set_is_out_of_reach(etcd):  # noqa: F811
+    net = FakeNet()
+    async with trio.open_nursery() as nursery:
+        nodes = await start(nursery, net, etcd.url, ["a", "b"])
+        leader = await settled(nodes)
+        follower = next(n for n in nodes if n is not leader)
+        assert follower.coordinator.status()["syncUnavailable"] is False
+        leader.replicator.sync_unavailable = True  # what the real replicator says past --sync-timeout
+        assert leader.coordinator.status()["syncUnavailable"] is True
+        # The leader announces it in its members/ document; the follower reads it at its next poll.
+        await until(lambda: follower.coordinator.status()["syncUnavailable"] is True)
+        leader.replicator.sync_unavailable = False
+        await until(lambda: follower.coordinator.status()["syncUnavailable"] is False)
         nursery.cancel_scope.cancel()

@@ -81,7 +81,7 @@ class Node:
                         node_id=self.name, data_dir=self.dir, listen=("127.0.0.1", 0), state=self.server.state,
                         writer=self.server.writer, steps=steps, clock=steps.clock, disk=self.server.disk,
                         run_blocking=run_inline, recovered=self.server.recovered, cluster="t",
-                        faults=test_faults.read(os.environ))
+                        faults=test_faults.read(os.environ), sync_timeout_s=self.server.config.sync_timeout_s)
                     await inner.start(self.replicator.serve)
                     self.inner = inner
                     task_status.started()
@@ -277,7 +277,7 @@ async def test_a_follower_promised_a_newer_epoch_refuses_the_old_leader_which_ne
         n1.replicator.step_down("a newer epoch exists")
         await until(lambda: answered, "the 503")
         status, body = answered[0]
-        assert status == 503 and body["error"]["code"] == "leader_lost"
+        assert status == 503 and body["code"] == "leader_lost"
         await n1.stop()
         await n2.stop()
 

@@ -506,3 +506,41 @@ def test_a_snapshot_of_an_earlier_build_with_a_32_bit_resolved_set_still_restore
         restored.replay(record)
     state = restored.shards[0].queues.queues["orders"].by_id[partition_id].groups["__QUEUE_MODE__"]
     assert state.floor == 0 and list(state.resolved) == [2, 3]
+
+
+def test_the_queue_views_count_pushes_pops_acks_and_failures_and_each_groups_consumers():
+    """The listing and a queue's info carry the counters the dashboard's rates come from, and per
+    group its consumers: live leases and parked pops."""
+    q = Queues()
+    q.configure(retryLimit=0)
+    q.push("a", "b", "c", "d", partition="p1")
+    q.push("e", partition="p2")
+    got = q.pop(batch=2, partition="p1")  # the default group holds p1 under one lease
+    audit = q.pop(batch=10, partitions=2, consumerGroup="audit", autoAck=True)  # delivered and completed at once
+    assert len(audit["messages"]) == 5
+    assert q.ack(got["messages"][0])["success"]
+    assert q.ack(got["messages"][1], status="failed")["dlq"] is True  # retryLimit 0: failed is the DLQ
+    held = q.pop(batch=1, partition="p1")  # in flight, under a live lease
+    assert q.pop(consumerGroup="late", subscriptionMode="new", waitMs=5_000, reply_to="waiting") is None
+
+    [summary] = q.admin("list", prefix="", after=None, limit=10)
+    assert summary["totals"] == {"pushed": 5, "popped": 5 + 2 + 1, "acked": 5 + 1, "failed": 1}, summary
+    assert summary["inFlight"] == 1 and summary["consumers"] == 2  # the live lease, the parked pop
+    shown = q.admin("info")
+    assert shown["totals"] == summary["totals"]
+    groups = {group["consumerGroup"]: group for group in shown["groups"]}
+    default = groups["__QUEUE_MODE__"]
+    assert (default["inFlight"], default["leases"], default["parkedPops"], default["consumers"]) == (1, 1, 0, 1)
+    assert (groups["audit"]["inFlight"], groups["audit"]["consumers"]) == (0, 0)  # autoAck holds no lease
+    assert (groups["late"]["parkedPops"], groups["late"]["consumers"]) == (1, 1)
+
+    # A lease that runs out is no consumer any more, and its message counts as failed once.
+    q.tick(300_000)
+    [summary] = q.admin("list", prefix="", after=None, limit=10)
+    assert summary["consumers"] == 0 and summary["inFlight"] == 0 and summary["totals"]["failed"] == 2, summary
+    assert held["messages"]
+    # The counters are this server's since it started, not state: a replay rebuilds the views of
+    # the state alone, equal to the live table's.
+    live, copy = q.state.shards[0].queues, q.replayed().shards[0].queues
+    assert info(copy, "orders", q.now) == info(live, "orders", q.now)
+    assert "totals" not in info(live, "orders", q.now)

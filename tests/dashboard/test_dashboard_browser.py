@@ -3,63 +3,17 @@ against a real `queen serve --auth-file`: a reader sees a lock another client ho
 release it; an admin releases it and the holder's next renew finds it lost; an admin requeues a
 dead letter from the page and it can be popped again; the Server page shows version and uptime.
 
-Screenshots go to $QUEEN_SCREENSHOTS, or the test's tmp_path. Playwright's sync API runs its own
-event loop, so this is a plain test function (trio_mode only affects async tests). Every wait is
-one of Playwright's auto-waiting expectations: no fixed sleeps.
+Screenshots go to $QUEEN_SCREENSHOTS, or the test's tmp_path; the browser is conftest.py's. Every
+wait is one of Playwright's auto-waiting expectations: no fixed sleeps.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
-import sys
-import tempfile
-
-import pytest
 
 from queen.auth import AuthFile
 from queen.testing import ServerProcess
-
-CHROMIUM = "/usr/bin/chromium"
-# Without the networking flags Chromium tries to reach Google's services and, on a closed network,
-# its own connections are refused.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-WAIT_MS = 20_000  # generous: the machine may be busy
-
-
-def _skip_loudly(why: str) -> None:
-    message = f"SKIPPED LOUDLY: the dashboard browser test needs {why}"
-    print(message, file=sys.stderr)
-    pytest.skip(message)
-
-
-@pytest.fixture
-def browser_page(tmp_path):
-    """A fresh Chromium page (an empty profile), closed after the test."""
-    if not os.path.exists(CHROMIUM):
-        _skip_loudly(f"{CHROMIUM} (apt-get install chromium; .ci/run does it)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _skip_loudly("the playwright package (pip install -e '.[test]')")
-    # The profile lives outside pytest's temporary directory: Chromium writes session storage,
-    # the signed-in token included, to *.log files there, which the secret scan would flag.
-    profile = tempfile.mkdtemp(prefix="queen-chromium-")
-    try:
-        with sync_playwright() as playwright:
-            context = playwright.chromium.launch_persistent_context(
-                profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-                viewport={"width": 1280, "height": 800})
-            try:
-                page = context.pages[0] if context.pages else context.new_page()
-                page.set_default_timeout(WAIT_MS)
-                yield page
-            finally:
-                context.close()
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _ok(answer):
@@ -68,12 +22,9 @@ def _ok(answer):
     return body
 
 
-def test_dashboard_locks_dlq_and_server_in_chromium(tmp_path, browser_page):
+def test_dashboard_locks_dlq_and_server_in_chromium(tmp_path, browser_page, shots):
     from playwright.sync_api import expect
 
-    expect.set_options(timeout=WAIT_MS)
-    shots = os.environ.get("QUEEN_SCREENSHOTS") or str(tmp_path / "screenshots")
-    os.makedirs(shots, exist_ok=True)
     auth_path = str(tmp_path / "auth.json")
     auth = AuthFile.load(auth_path, missing_ok=True)
     secrets = {"reader": auth.add("dash-reader", "reader", "default"),

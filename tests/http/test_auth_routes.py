@@ -354,7 +354,7 @@ def test_every_route_for_every_caller(world):
             level = CALLERS[who]
             if level == 0:
                 assert answer.status == 401, (where, answer)
-                assert answer.body["error"]["code"] == "unauthenticated", (where, answer)
+                assert answer.body["code"] == "unauthenticated", (where, answer)
                 assert _challenge(answer).startswith('Bearer realm="queen"'), (where, answer)
                 if who == "bad":
                     assert 'error="invalid_token"' in _challenge(answer), (where, answer)
@@ -362,7 +362,7 @@ def test_every_route_for_every_caller(world):
                     assert _challenge(answer) == 'Bearer realm="queen"', (where, answer)
             elif level < row.level:
                 assert answer.status == 403, (where, answer)
-                assert answer.body["error"]["code"] == "forbidden", (where, answer)
+                assert answer.body["code"] == "forbidden", (where, answer)
                 assert _challenge(answer) == 'Bearer realm="queen", error="insufficient_scope"', (where, answer)
             else:
                 assert answer.status not in (401, 403) and answer.status < 500, (where, answer)

@@ -109,6 +109,27 @@ def test_server_route_shows_the_operator_the_log_fsync_and_connections(world):
     assert second["requestsTotal"] > first["requestsTotal"]
 
 
+def test_server_route_counts_the_operator_its_client_and_server_errors(world):
+    """The counters the dashboard's error rates come from: answers 4xx and 5xx since the start."""
+    server, secrets = world
+    auth = {"authorization": f"Bearer {secrets['operator']}"}
+    status, first = server.request("GET", "/api/v1/server", headers=auth)
+    assert status == 200 and first["serverErrorsTotal"] == 0, first
+    assert server.request("GET", "/api/v1/nope", headers=auth)[0] == 404
+    assert server.request("GET", "/api/v1/server?x=1", headers=auth)[0] == 400
+    assert server.request("GET", "/api/v1/server")[0] == 401
+    status, second = server.request("GET", "/api/v1/server", headers=auth)
+    assert second["clientErrorsTotal"] == first["clientErrorsTotal"] + 3, (first, second)
+    assert second["serverErrorsTotal"] == 0
+
+
+def test_a_single_node_says_it_is_single_at_epoch_0_and_serving(world):
+    server, secrets = world
+    status, body = server.request("GET", "/api/v1/cluster", headers={"authorization": f"Bearer {secrets['reader']}"})
+    assert status == 200, body
+    assert (body["role"], body["epoch"], body["serving"], body["degraded"]) == ("single", 0, True, False), body
+
+
 def test_queue_listing_says_when_the_oldest_unfinished_message_was_pushed(world):
     server, secrets = world
     auth = {"authorization": f"Bearer {secrets['admin']}"}

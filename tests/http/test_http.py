@@ -108,7 +108,7 @@ async def test_write_without_lifetime_is_400_ttl_required_and_changes_nothing(tm
         status, body = await client.request("POST", "/api/v1/kv", {"operations": [
             {"op": "put", "ns": "app", "key": "first", "value": 1, "forever": True},
             {"op": "put", "ns": "app", "key": "second", "value": 2}]})
-        assert status == 400 and body["error"]["code"] == "ttl_required" and body["error"]["details"]["index"] == 1
+        assert status == 400 and body["code"] == "ttl_required" and body["details"]["index"] == 1
         assert (await client.request("GET", "/api/v1/kv/app/first"))[1]["found"] is False
 
 
@@ -116,7 +116,7 @@ async def test_unknown_route_is_404_and_wrong_method_is_405_with_allow(tmp_path,
     async with open_server(tmp_path / "d") as server:
         client = HttpClient(server.port)
         status, body = await client.request("GET", "/api/v2/nothing")
-        assert status == 404 and body["error"]["code"] == "not_found"
+        assert status == 404 and body["code"] == "not_found"
         raw = await raw_exchange(server.port, b"GET /api/v1/kv HTTP/1.1\r\nhost: q\r\nconnection: close\r\n\r\n")
         assert raw.startswith(b"HTTP/1.1 405 ") and b"allow: POST" in raw
 
@@ -124,7 +124,7 @@ async def test_unknown_route_is_404_and_wrong_method_is_405_with_allow(tmp_path,
 async def test_invalid_json_is_400(tmp_path, autojump_clock):
     async with open_server(tmp_path / "d") as server:
         status, body = await HttpClient(server.port).request("POST", "/api/v1/kv", b"{not json")
-        assert status == 400 and body["error"]["code"] == "invalid_json"
+        assert status == 400 and body["code"] == "invalid_json"
 
 
 async def test_body_over_the_limit_is_413(tmp_path, autojump_clock):

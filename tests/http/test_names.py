@@ -65,12 +65,12 @@ async def test_every_name_refuses_control_and_bidi_override_characters_alike(fie
         for what, character in REFUSED.items():
             for name in (character, f"a{character}", f"a{character}b"):
                 status, body = await client.request(*build(name))
-                assert status == 400 and body["error"]["code"] == code, (field, what, status, body)
-                details.append((body["error"]["details"].get("character"), f"U+{ord(character):04X}"))
+                assert status == 400 and body["code"] == code, (field, what, status, body)
+                details.append((body["details"].get("character"), f"U+{ord(character):04X}"))
         assert all(got == expected for got, expected in details), details  # which character it was
         for fine in ("plain", NFC, NFD, "a b", "\u00a0", "\u200e", "\U0001f451"):  # NBSP, LRM and 👑 are names
             status, body = await client.request(*build(fine))
-            assert status == 200 or body["error"]["code"] != code, (field, fine, body)
+            assert status == 200 or body["code"] != code, (field, fine, body)
         # Nothing refused was stored: the namespace holds only what the fine names wrote.
         status, page = await client.request("POST", "/api/v1/kv", {"operations": [{"op": "getPrefix", "ns": "app"}]})
         assert all(ch not in item["key"] for item in page["results"][0]["items"] for ch in REFUSED.values())

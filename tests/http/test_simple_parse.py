@@ -19,8 +19,8 @@ CONFIG = Config()
 
 
 def parse_with_h11(data: bytes):
-    """(method, target, content_type, accept, body, keep_alive, rest), or None where the server's
-    h11 path refuses or needs more data."""
+    """(method, target, content_type, accept, body, keep_alive, request_id, rest), or None where the
+    server's h11 path refuses or needs more data."""
     try:
         HeadLines().feed(data)
     except Reject:
@@ -39,7 +39,7 @@ def parse_with_h11(data: bytes):
                 body += event.data
             elif type(event) is h11.EndOfMessage:
                 return (head.method, head.target, head.content_type, head.accept, body, head.keep_alive,
-                        conn.trailing_data[0])
+                        head.request_id, conn.trailing_data[0])
             else:
                 return None
     except Exception:  # h11's protocol errors and our Head's limits: refused
@@ -57,18 +57,20 @@ def parse_fast(data: bytes):
     if parsed is None:
         return None
     request, rest = parsed
-    return request.method, request.target, request.content_type, request.accept, request.body, request.keep_alive, rest
+    return (request.method, request.target, request.content_type, request.accept, request.body, request.keep_alive,
+            request.request_id, rest)
 
 
 PLAIN = (b"POST /api/v1/locks HTTP/1.1\r\nHost: 127.0.0.1:6632\r\nContent-Type: application/json\r\n"
-         b"Accept: application/cbor\r\nContent-Length: 15\r\n\r\n{\"operations\":}")
+         b"Accept: application/cbor\r\nX-Request-Id:  job-7.step:2 \r\nContent-Length: 15\r\n\r\n{\"operations\":}")
 
 
 def test_the_plain_shape_is_parsed_like_h11_does():
     fast = parse_fast(PLAIN + b"GET /h")
     assert fast is not None
     assert fast == parse_with_h11(PLAIN + b"GET /h")
-    assert fast[1] == b"/api/v1/locks" and fast[2] == b"application/json" and fast[6] == b"GET /h"
+    assert fast[1] == b"/api/v1/locks" and fast[2] == b"application/json" and fast[7] == b"GET /h"
+    assert fast[6] == b"job-7.step:2"  # as sent, less the spaces around it
 
 
 def test_shapes_it_leaves_to_h11():
@@ -154,7 +156,7 @@ METHODS = mostly([b"GET", b"POST", b"PUT", b"DELETE", b"HEAD", b"X-Odd!"], [b"G 
 TARGETS = mostly([b"/", b"/api/v1/kv/a%2Fb?x=1", b"*", b"/~!$&'()*+,;=:@"],
                  [b"/sp ace", b"/tab\t", b"/\x7f", b"/caf\xe9", b""])
 VERSIONS = mostly([b"HTTP/1.1", b"HTTP/1.0"], [b"HTTP/2.0", b"HTTP/1.1 ", b"http/1.1", b"HTTP/11", b"HTTP/1.9"])
-NAMES = mostly([b"Host", b"host", b"Content-Type", b"Accept", b"Connection", b"X-Thing", b"x_y"],
+NAMES = mostly([b"Host", b"host", b"Content-Type", b"Accept", b"Connection", b"X-Thing", b"x_y", b"X-Request-Id"],
                [b"Content-Length", b"Transfer-Encoding", b"Expect", b"Bad Name", b"", b"X:Y", b"\xe9"])
 VALUES = mostly([b"q", b"application/json", b"APPLICATION/CBOR", b"close", b"keep-alive, Close", b"a\tb", b"",
             b"x  y", b"!~"],

@@ -19,9 +19,10 @@ import trio.testing
 
 import queen_client
 from queen.testing import HttpClient, ServerProcess, make_server_cert, make_test_ca, open_server
+from tests import system_tools
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None,
-                                reason="needs the openssl command to make throwaway certificates")
+pytestmark = pytest.mark.skipif(system_tools.find("openssl") is None,
+                                reason=system_tools.missing_message("openssl", "the TLS tests (tests/http/test_tls.py)"))
 
 
 @dataclass

@@ -164,12 +164,12 @@ async def test_bad_lock_calls_answer_400_with_a_code_and_change_nothing(tmp_path
         client = HttpClient(server.port)
         status, body = await client.request("POST", "/api/v1/locks", {"operations": [
             acquire("fine", "o"), {"op": "acquire", "name": "bad#name", "ttlSeconds": 5}]})
-        assert status == 400 and body["error"]["code"] == "invalid_name" and body["error"]["details"]["index"] == 1
+        assert status == 400 and body["code"] == "invalid_name" and body["details"]["index"] == 1
         [state] = await client.locks({"op": "get", "name": "fine"})
         assert state["holders"] == []
         status, body = await client.request("POST", "/api/v1/kv", {"operations": [
             {"op": "put", "ns": "queen-locks", "key": "fine#0", "value": "me", "ttlSeconds": 5}]})
-        assert status == 400 and body["error"]["code"] == "reserved_namespace"
+        assert status == 400 and body["code"] == "reserved_namespace"
 
 
 async def test_a_tick_is_not_queued_behind_a_full_shard_queue(tmp_path, autojump_clock):

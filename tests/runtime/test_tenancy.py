@@ -40,8 +40,8 @@ async def put(client, headers, key, value=1):
 def assert_429(answer, code):
     status, body = answer
     assert status == 429, answer
-    assert body["error"]["code"] == code, body
-    assert body["error"]["details"]["retryAfterSeconds"] >= 1
+    assert body["code"] == code, body
+    assert body["details"]["retryAfterSeconds"] >= 1
 
 
 async def test_keys_quota_counts_lock_permits_and_refuses_at_the_limit(tmp_path, autojump_clock):
@@ -56,7 +56,7 @@ async def test_keys_quota_counts_lock_permits_and_refuses_at_the_limit(tmp_path,
         assert_429(await put(client, who["writer"], "c"), "quota_keys")
         status, body = await client.request("POST", "/api/v1/locks", {"operations": [
             {"op": "acquire", "name": "job2", "ttlSeconds": 30, "owner": "w1"}]}, who["writer"])
-        assert status == 429 and body["error"]["code"] == "quota_keys"
+        assert status == 429 and body["code"] == "quota_keys"
         # Nothing of a refused call was applied; reads and deletes go on, and free room.
         assert (await client.request("GET", "/api/v1/kv/app/c", None, who["writer"]))[1]["found"] is False
         assert (await client.request("DELETE", "/api/v1/kv/app/a", None, who["writer"]))[0] == 200
@@ -96,7 +96,7 @@ async def test_message_and_timer_quotas(tmp_path, autojump_clock):
         assert status == 200
         answer = await client.request("POST", "/api/v1/push", {"items": [{"queue": "q", "payload": 3}]}, who["writer"])
         assert_429(answer, "quota_messages")
-        assert answer[1]["error"]["details"]["limit"] == 2
+        assert answer[1]["details"]["limit"] == 2
         schedule = {"op": "schedule", "queue": "q", "key": "t1", "delayMs": 60_000, "payload": 1}
         assert (await client.request("POST", "/api/v1/timers", {"operations": [schedule]}, who["writer"]))[0] == 200
         answer = await client.request("POST", "/api/v1/timers", {"operations": [{**schedule, "key": "t2"}]},
@@ -106,7 +106,7 @@ async def test_message_and_timer_quotas(tmp_path, autojump_clock):
         status, body = await client.request("POST", "/api/v1/transaction", {
             "kv": [{"op": "put", "ns": "app", "key": "t", "value": 1, "forever": True}],
             "push": [{"queue": "q", "payload": 4}]}, who["writer"])
-        assert status == 429 and body["error"]["code"] == "quota_messages"
+        assert status == 429 and body["code"] == "quota_messages"
         assert (await client.request("GET", "/api/v1/kv/app/t", None, who["writer"]))[1]["found"] is False
         # Consuming frees room: pop and ack both, and the next push is taken.
         status, popped = await client.request("GET", "/api/v1/pop/queue/q?batch=2", None, who["writer"])
@@ -135,7 +135,7 @@ async def test_the_write_rate_holds_within_ten_percent_over_five_seconds(tmp_pat
             if status == 200:
                 taken += per_call
             else:
-                assert status == 429 and answer["error"]["code"] == "rate_limited", answer
+                assert status == 429 and answer["code"] == "rate_limited", answer
                 refused += 1
                 await trio.sleep(0.001)  # a client backing off; virtual time
         expected = rate * 5
@@ -158,10 +158,10 @@ async def test_a_pause_refuses_writes_not_reads_and_holds_across_a_restart(tmp_p
     async with open_server(tmp_path / "data", auth_file=path) as server:
         client = HttpClient(server.port)
         status, body = await put(client, who["writer"], "k", 2)
-        assert status == 503 and body["error"]["code"] == "paused"
+        assert status == 503 and body["code"] == "paused"
         status, body = await client.request("POST", "/api/v1/locks", {"operations": [
             {"op": "acquire", "name": "job", "ttlSeconds": 30, "owner": "w"}]}, who["writer"])
-        assert status == 503 and body["error"]["code"] == "paused"  # locks are KV: paused with it
+        assert status == 503 and body["code"] == "paused"  # locks are KV: paused with it
         assert (await client.request("GET", "/api/v1/kv/app/k", None, who["reader"]))[1]["value"] == 1
         assert (await client.request("POST", "/api/v1/push", {"items": [{"queue": "q", "payload": 1}]},
                                      who["writer"]))[0] == 200  # queues were not paused
@@ -175,7 +175,7 @@ async def test_a_pause_refuses_writes_not_reads_and_holds_across_a_restart(tmp_p
         status, body = await client.request("POST", "/api/v1/pause", {"queues": True}, who["admin"])
         assert status == 200
         status, body = await client.request("GET", "/api/v1/pop/queue/q", None, who["writer"])
-        assert status == 503 and body["error"]["code"] == "paused"
+        assert status == 503 and body["code"] == "paused"
         status, metrics = await client.request("GET", "/metrics", None, who["reader"])
         assert 'queen_tenant_paused{tenant="acme",area="queues"} 1' in metrics.decode()
 
@@ -229,7 +229,7 @@ async def test_an_operators_pause_is_lifted_only_by_the_operator(tmp_path, autoj
         status, _ = await client.request("POST", "/api/v1/pause", {"kv": True, "tenant": "acme"}, who["operator"])
         assert status == 200
         status, body = await client.request("POST", "/api/v1/resume", {"kv": True}, who["admin"])
-        assert status == 403 and "operator" in body["error"]["message"]
+        assert status == 403 and "operator" in body["error"]
         assert (await put(client, who["writer"], "k"))[0] == 503
         status, view = await client.request("GET", "/api/v1/tenant", None, who["reader"])
         assert view["pausedBy"] == {"kv": "operator"}
@@ -240,7 +240,7 @@ async def test_an_operators_pause_is_lifted_only_by_the_operator(tmp_path, autoj
         assert (await put(client, who["writer"], "k"))[0] == 200
         # A tenant nobody names and that holds nothing is a typo, not a tenant to pause.
         status, body = await client.request("POST", "/api/v1/pause", {"kv": True, "tenant": "acne"}, who["operator"])
-        assert status == 404 and body["error"]["code"] == "tenant_not_found"
+        assert status == 404 and body["code"] == "tenant_not_found"
 
 
 async def test_two_authorization_headers_are_refused_and_a_failed_step_shows_names_as_written(tmp_path,
@@ -285,4 +285,4 @@ async def test_a_new_leader_reads_the_pauses_its_rows_hold_before_it_serves(tmp_
         assert (await put(client, who["writer"], "k"))[0] == 200
         await server._now_leading()
         status, body = await put(client, who["writer"], "k", 2)
-        assert status == 503 and body["error"]["code"] == "paused"
+        assert status == 503 and body["code"] == "paused"

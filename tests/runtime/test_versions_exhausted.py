@@ -83,10 +83,9 @@ async def test_past_the_writable_limit_every_write_is_refused_507_and_changes_no
         for method, path, body in WRITES:
             status, answer = await client.request(method, path, body)
             assert status == 507, (method, path, status, answer)
-            error = answer["error"]
-            assert error["code"] == "versions_exhausted", (method, path)
-            assert str(VERSION_MAX) in error["message"] and "JSON" in error["message"]
-            assert error["details"] == {"lastVersion": VERSIONS_WRITABLE_MAX + 1, "versionMax": VERSION_MAX}
+            assert answer["code"] == "versions_exhausted", (method, path)
+            assert str(VERSION_MAX) in answer["error"] and "JSON" in answer["error"]
+            assert answer["details"] == {"lastVersion": VERSIONS_WRITABLE_MAX + 1, "versionMax": VERSION_MAX}
         assert server.state.versions.last == VERSIONS_WRITABLE_MAX + 1, "a refusal takes no version"
         assert (server.writer.durable_version, server.writer.batches) == (durable, batches), "nor writes anything"
         status, row = await client.request("GET", "/api/v1/kv/app/k")
@@ -99,7 +98,7 @@ async def test_past_the_writable_limit_every_write_is_refused_507_and_changes_no
         status, row = await client.request("GET", "/api/v1/kv/app/k")
         assert (status, row["value"]) == (200, VERSIONS_WRITABLE_MAX + 1)
         status, answer = await client.request("PUT", "/api/v1/kv/app/k", {"value": "again", "forever": True})
-        assert (status, answer["error"]["code"]) == (507, "versions_exhausted")
+        assert (status, answer["code"]) == (507, "versions_exhausted")
         await client.aclose()
 
 

@@ -1,6 +1,8 @@
 """Where the writer commits: on the event loop while fsyncs are fast, in the disk thread once they
 are slow, and away from the loop for a while after one fsync stalled it (queen/wal/writer.py)."""
 
+import logging
+
 from queen.wal.writer import INLINE_FSYNC_S_MAX, INLINE_STALL_S_MAX, THREAD_HOLD_S, WalWriter
 
 T = 1000.0
@@ -50,3 +52,16 @@ def test_a_lone_client_is_stalled_by_nobody_so_only_the_mean_moves_its_commits_a
     # Moved by a stall while others were connected, then alone: back as soon as the mean allows.
     assert after_commit(writer, INLINE_STALL_S_MAX * 2, INLINE_FSYNC_S_MAX / 4, T + 1) is False
     assert after_commit(writer, 0.0003, 0.0003, T + 1.01, alone=True) is True
+
+
+def test_moving_commits_is_logged_at_debug_not_info(caplog):
+    """It is tuning, not a lifecycle event: under a varying disk it flips back and forth, and at
+    info it made most of a short session's lines."""
+    caplog.set_level(logging.DEBUG, logger="queen.wal.writer")
+    writer = make_writer()
+    assert after_commit(writer, INLINE_STALL_S_MAX * 2, INLINE_FSYNC_S_MAX * 2, T) is False
+    assert after_commit(writer, 0.0003, 0.0003, T + THREAD_HOLD_S) is True
+    moves = [record for record in caplog.records if "event=wal_commits_" in record.getMessage()]
+    assert [record.getMessage().split()[0] for record in moves] == ["event=wal_commits_to_thread",
+                                                                      "event=wal_commits_inline"]
+    assert {record.levelno for record in moves} == {logging.DEBUG}

@@ -24,7 +24,7 @@ from orjson import Fragment
 from queen.core import records as rec
 from queen.core.outcomes import QueueReason, Refusal
 from queen.core.queue_ops import GENERATED_ID_PREFIX, PopOp
-from queen.core.queues.model import Group, GroupState, Partition, PopWaiter, Queue
+from queen.core.queues.model import Group, GroupState, Partition, PopWaiter, Queue, count
 from queen.core.queues.packed import available_at, payload_bytes, unpack_message
 from queen.core.tenants import shown
 from queen.errors import Unavailable
@@ -32,7 +32,7 @@ from queen.errors import Unavailable
 if TYPE_CHECKING:
     from queen.core.kv import VersionCounter
     from queen.core.limits import Limits
-    from queen.core.queues.model import Lease
+    from queen.core.queues.model import Lease, QueueStats
     from queen.core.queues.parking import ParkedPops
 
 
@@ -46,6 +46,7 @@ class Delivery:
     parked: ParkedPops
     resolved: list
     dirty: dict[str, None]
+    stats: QueueStats
 
     def _queue(self, name: str, now_ms: int, records: list, create: bool) -> Queue | None:
         raise NotImplementedError
@@ -172,7 +173,9 @@ class Delivery:
                                  "partition": partition.name, "partitionId": partition.id, "leaseId": answer_lease,
                                  "consumerGroup": group.name, "data": Fragment(data), "createdAt": created_at_ms,
                                  "retryCount": state.retries.get(offset, 0), "traceId": trace_id})
+        count(self.stats.popped_by_queue, queue.name, len(messages))
         if op.auto_ack:  # resolved now; the messages were read above, before they could be removed
+            count(self.stats.acked_by_queue, queue.name, len(messages))
             for partition, offsets in taken:
                 retries = partition.groups[group.name].retries
                 for offset in offsets:

@@ -154,6 +154,9 @@ class QueueStatistics:
     redelivered_failed: dict  # queue -> deliveries that ended in a failed ack and were returned
     redelivered_expired: dict  # queue -> deliveries whose lease expired and were returned
     dlq_moves: dict  # queue -> messages moved to its DLQ
+    pushed_by_queue: dict  # queue -> messages appended (timer fires included)
+    popped_by_queue: dict  # queue -> messages delivered
+    acked_by_queue: dict  # queue -> messages completed (acked, or auto-acked as delivered)
     pop_waits: int  # parked pops served
     pop_wait_ms_total: int  # how long they waited in all
     pops_parked: int  # pops waiting now
@@ -161,7 +164,8 @@ class QueueStatistics:
 
 
 class QueueStats:
-    __slots__ = ("pushed", "duplicates", "push_failed", "redelivered_failed", "redelivered_expired", "dlq_moves")
+    __slots__ = ("pushed", "duplicates", "push_failed", "redelivered_failed", "redelivered_expired", "dlq_moves",
+                 "pushed_by_queue", "popped_by_queue", "acked_by_queue")
 
     def __init__(self) -> None:
         self.pushed = self.duplicates = self.push_failed = 0
@@ -169,10 +173,14 @@ class QueueStats:
         self.redelivered_failed: dict[str, int] = {}
         self.redelivered_expired: dict[str, int] = {}
         self.dlq_moves: dict[str, int] = {}
+        # queue -> messages pushed, popped and acked: what the dashboard's rates are made of
+        self.pushed_by_queue: dict[str, int] = {}
+        self.popped_by_queue: dict[str, int] = {}
+        self.acked_by_queue: dict[str, int] = {}
 
 
-def count(counter: dict, key: str) -> None:
-    counter[key] = counter.get(key, 0) + 1
+def count(counter: dict, key: str, by: int = 1) -> None:
+    counter[key] = counter.get(key, 0) + by
 
 
 class Growth:

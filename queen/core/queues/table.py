@@ -135,13 +135,13 @@ class QueueTable(Delivery):
                 self.delete_group(each, args["group"], now_ms, records)
             return [shown(each) for each in names]
         if kind == "info":
-            return views.queue_info(self.queues, self.timers, name, now_ms)
+            return views.queue_info(self.queues, self.timers, name, now_ms, self.stats, self.parked)
         if kind == "partitions":
             return views.partitions_page(self.queues, name, args["group"], args["prefix"], args["cursor"],
                                          args["limit"], now_ms)
         if kind == "list":
             return views.queue_summaries(self.queues, self.timers, args.get("tenant", ""), args["prefix"], args["after"],
-                                         args["limit"], now_ms)
+                                         args["limit"], now_ms, self.stats, self.parked)
         raise ValueError(f"unknown admin call {kind!r}")
 
     # ------------------------------------------------------------------------------------------
@@ -206,7 +206,8 @@ class QueueTable(Delivery):
     def statistics(self, now_ms: int) -> QueueStatistics:
         stats, parked = self.stats, self.parked
         return QueueStatistics(stats.pushed, stats.duplicates, stats.push_failed, dict(stats.redelivered_failed),
-                               dict(stats.redelivered_expired), dict(stats.dlq_moves), parked.served_total,
+                               dict(stats.redelivered_expired), dict(stats.dlq_moves), dict(stats.pushed_by_queue),
+                               dict(stats.popped_by_queue), dict(stats.acked_by_queue), parked.served_total,
                                parked.wait_ms_total, len(parked), tuple(views.gauges(self.queues, now_ms)))
 
     # What the shard's timers need of its queues (queen/core/timers.py, QueueSink).
@@ -279,6 +280,7 @@ class QueueTable(Delivery):
         self._apply_append(queue, partition, version, offset, tid, item.payload, item.trace_id, now_ms,
                            available_at_ms, until_ms)
         self.stats.pushed += 1
+        count(self.stats.pushed_by_queue, queue.name)
         return {"index": item.index, "queue": queue.shown, "partition": partition.name, "partitionId": partition.id,
                 "transactionId": tid if tid is not None else f"{GENERATED_ID_PREFIX}{offset}", "status": "queued",
                 "messageId": version, "offset": offset, "createdAt": now_ms}
@@ -561,6 +563,7 @@ class QueueTable(Delivery):
         dlq = False
         if item.status == "completed":
             self._message_state(queue, group.name, partition, offset, "completed", retry, None, now_ms, records)
+            count(self.stats.acked_by_queue, queue.name)
             released = not lease.held[partition.id]
             if ending is not None:
                 ending.setdefault((lease.lease_id, partition.id), [queue, group, lease, False])

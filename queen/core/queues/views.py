@@ -2,6 +2,11 @@
 listing, one queue's info, a page of its partitions, a page of its DLQ, and the gauges /metrics
 shows. Functions over the model (queen/core/queues/model.py) and the shard's timers; they read and
 never change anything.
+
+The listing and a queue's info also show what is not state: the counters of messages pushed,
+popped, acked and failed since this server started (`totals`, from the table's QueueStats) and the
+pops parked on each group (ParkedPops). A replay rebuilds neither, so those callers that compare a
+replayed table's views with the live one's pass neither and get the state alone.
 """
 
 from __future__ import annotations
@@ -12,8 +17,9 @@ import orjson
 from orjson import Fragment
 
 from queen.core.queue_ops import GENERATED_ID_PREFIX
-from queen.core.queues.model import GroupState, Partition, Queue
+from queen.core.queues.model import Group, GroupState, Partition, Queue, QueueStats
 from queen.core.queues.packed import created_at, unpack_message
+from queen.core.queues.parking import ParkedPops
 from queen.core.tenants import is_own, shown
 from queen.core.timers import TimerTable
 
@@ -39,11 +45,36 @@ def group_counts(queue: Queue, group: str | None, now_ms: int) -> tuple[int, int
     return pending, in_flight, dlq
 
 
+def live_leases(group: Group, now_ms: int) -> int:
+    """The group's leases that hold messages and have not run out: consumers at work."""
+    return sum(1 for lease in group.leases.values() if lease.expires_at_ms > now_ms and lease.held)
+
+
+def parked_pops(parked: ParkedPops, queue: str, group: str) -> int:
+    """The group's pops parked on the queue now (waitMs): consumers waiting for a message."""
+    groups = parked.by_queue.get(queue)
+    waiting = groups.get(group) if groups is not None else None
+    return len(waiting) if waiting is not None else 0
+
+
+def totals(stats: QueueStats, queue: str) -> dict:
+    """The queue's messages since this server started (live steps: a restart or a new leader counts
+    from 0): pushed (timer fires included), popped (delivered), acked (completed, auto-acked ones
+    included) and failed (deliveries that ended in a failed ack, an expired lease or the DLQ).
+    Counters: their rates are the queue's throughput."""
+    return {"pushed": stats.pushed_by_queue.get(queue, 0), "popped": stats.popped_by_queue.get(queue, 0),
+            "acked": stats.acked_by_queue.get(queue, 0),
+            "failed": stats.redelivered_failed.get(queue, 0) + stats.redelivered_expired.get(queue, 0)
+            + stats.dlq_moves.get(queue, 0)}
+
+
 def queue_summaries(queues: dict[str, Queue], timers: TimerTable, tenant: str, prefix: str, after: str | None,
-                    limit: int, now_ms: int) -> list[dict]:
+                    limit: int, now_ms: int, stats: QueueStats | None = None,
+                    parked: ParkedPops | None = None) -> list[dict]:
     """This shard's part of a page of the tenant's queue listing (`tenant`: its name prefix, as
     queen/core/tenants.py makes it): up to limit+1 queues after `after`, names as the tenant
-    wrote them."""
+    wrote them. With stats and parked (the module docstring says why they are apart): each queue's
+    totals and consumers (live leases and parked pops of all its groups)."""
     start = tenant + prefix
     after = None if after is None else tenant + after
     names = sorted(name for name in queues if name.startswith(start) and (after is None or name > after)
@@ -52,27 +83,44 @@ def queue_summaries(queues: dict[str, Queue], timers: TimerTable, tenant: str, p
     for name in names[:limit + 1]:
         queue = queues[name]
         pending, in_flight, dlq = group_counts(queue, None, now_ms)
-        out.append({"queue": shown(name), "createdAt": queue.created_at_ms, "partitions": len(queue.partitions),
-                    "messages": queue.messages, "pending": pending, "inFlight": in_flight, "dlq": dlq,
-                    "timers": len(timers.pending.get(name, ())), "groups": sorted(queue.groups),
-                    "oldestPendingAt": oldest_unfinished_at(queue, None)})
+        summary = {"queue": shown(name), "createdAt": queue.created_at_ms, "partitions": len(queue.partitions),
+                   "messages": queue.messages, "pending": pending, "inFlight": in_flight, "dlq": dlq,
+                   "timers": len(timers.pending.get(name, ())), "groups": sorted(queue.groups),
+                   "oldestPendingAt": oldest_unfinished_at(queue, None)}
+        if stats is not None and parked is not None:
+            summary["consumers"] = sum(live_leases(group, now_ms) + parked_pops(parked, name, group.name)
+                                       for group in queue.groups.values())
+            summary["totals"] = totals(stats, name)
+        out.append(summary)
     return out
 
 
-def queue_info(queues: dict[str, Queue], timers: TimerTable, name: str, now_ms: int) -> dict:
+def queue_info(queues: dict[str, Queue], timers: TimerTable, name: str, now_ms: int,
+               stats: QueueStats | None = None, parked: ParkedPops | None = None) -> dict:
+    """One queue: its options and counts, and each group's. With stats and parked (the module
+    docstring says why they are apart): the queue's totals, and each group's parked pops and
+    consumers (its live leases and parked pops)."""
     queue = queues.get(name)
     if queue is None:
         return {"found": False, "queue": shown(name)}
     groups = []
     for group in queue.groups.values():
         pending, in_flight, dlq = group_counts(queue, group.name, now_ms)
-        leases = sum(1 for lease in group.leases.values() if lease.expires_at_ms > now_ms and lease.held)
-        groups.append({"consumerGroup": group.name, "subscriptionMode": group.mode, "joinedAt": group.joined_at_ms,
-                       "pending": pending, "inFlight": in_flight, "dlq": dlq, "leases": leases,
-                       "oldestPendingAt": oldest_unfinished_at(queue, group.name)})
-    return {"found": True, "queue": shown(name), "createdAt": queue.created_at_ms, "options": dict(queue.options),
+        leases = live_leases(group, now_ms)
+        view = {"consumerGroup": group.name, "subscriptionMode": group.mode, "joinedAt": group.joined_at_ms,
+                "pending": pending, "inFlight": in_flight, "dlq": dlq, "leases": leases,
+                "oldestPendingAt": oldest_unfinished_at(queue, group.name)}
+        if parked is not None:
+            waiting = parked_pops(parked, name, group.name)
+            view["parkedPops"] = waiting
+            view["consumers"] = leases + waiting
+        groups.append(view)
+    info = {"found": True, "queue": shown(name), "createdAt": queue.created_at_ms, "options": dict(queue.options),
             "partitions": len(queue.partitions), "messages": queue.messages, "bytes": queue.bytes,
             "timers": timers.summary(name), "groups": groups}
+    if stats is not None:
+        info["totals"] = totals(stats, name)
+    return info
 
 
 def partitions_page(queues: dict[str, Queue], name: str, group: str | None, prefix: str, after: str | None,

@@ -25,9 +25,10 @@ import urllib.error
 import urllib.request
 
 from queen.testing import free_port
+from tests import system_tools
 
 # Debian's etcd-server; QUEEN_TEST_ETCD names another etcd 3.4+ binary.
-ETCD = os.environ.get("QUEEN_TEST_ETCD") or "/usr/bin/etcd"
+ETCD = system_tools.find("etcd") or system_tools.TOOLS["etcd"].path
 # A port lost between its pick and etcd's bind is rare (another process must take that very port
 # in those milliseconds); five tries in a row cannot all lose unless something else is wrong.
 BIND_ATTEMPTS = 5
@@ -51,7 +52,7 @@ def lost_its_port(path: str, offset: int) -> bool:
 
 
 def etcd_installed() -> bool:
-    return os.access(ETCD, os.X_OK)
+    return system_tools.find("etcd") is not None
 
 
 def _b64(text: str) -> str:

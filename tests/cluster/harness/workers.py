@@ -154,10 +154,10 @@ class Nodes:
                 answer = data.decode(errors="replace")
             if 200 <= status < 300:
                 return answer
-            code = answer.get("error", {}).get("code") if isinstance(answer, dict) else None
+            code = answer.get("code") if isinstance(answer, dict) else None
             if (status == 307 or (status == 503 and code in REFUSALS)) and not self.pinned:
                 self.current = (self.current + 1) % len(self.urls)
-                precise_ms = answer.get("error", {}).get("details", {}).get("retryAfterMs") if code else None
+                precise_ms = answer.get("details", {}).get("retryAfterMs") if code else None
                 wait = min(precise_ms / 1000 if isinstance(precise_ms, int) else float(retry_after or 0.1), 1.0)
                 if time.monotonic() + wait < deadline:
                     time.sleep(wait)  # the server said when to come back (Retry-After)
