@@ -446,19 +446,20 @@ def start_servers(targets: list[str], args, out_dir: str, data_parent: str) -> t
                 server = etcd_server(data_dirs[target], log_path, cpus)
             servers[target] = server
             if isinstance(server, QueenCluster):
-                _say(f"starting {server.name}: etcd on {HOST}:{server.etcd.port}, nodes on "
-                     f"{', '.join(f'{HOST}:{node.port}' for node in server.nodes)}, data dirs under {data_dirs[target]}")
+                _say(f"starting {server.name}: data dirs under {data_dirs[target]}")
                 try:
                     server.start()
                 except RuntimeError as error:
                     _say(f"  FAILED: {error}")
                     failed[target] = f"failed to start: {error}"
                     continue
-                _say(f"  {server.leader.name} leads epoch {server.epoch}, its standby in sync")
+                _say(f"  etcd on {HOST}:{server.etcd.port}, nodes on "
+                     f"{', '.join(f'{HOST}:{node.port}' for node in server.nodes)}; "
+                     f"{server.leader.name} leads epoch {server.epoch}, its standby in sync")
             else:
-                _say(f"starting {server.name} on {HOST}:{server.port}"
-                     + (f", data dir {data_dirs[target]}" if target in data_dirs else ""))
-                server.start()
+                _say(f"starting {server.name}" + (f", data dir {data_dirs[target]}" if target in data_dirs else ""))
+                server.start()  # on the port it picked, which it is known by from here
+                _say(f"  on {HOST}:{server.port}")
             if FAMILY[target] == "redis":
                 replies = redis_call(server.port, redis_setup_commands())
                 if any(not isinstance(reply, bytes) for reply in replies):

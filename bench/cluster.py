@@ -1,7 +1,8 @@
 """A Queen cluster under test: one etcd member, a leader and its synchronous standby, on loopback.
 
-Owns: starting etcd and the `queen serve --cluster` nodes (each on its own data dir and free
-ports, pinned to the server CPUs like every server here), waiting until one node leads and serves
+Owns: starting etcd and the `queen serve --cluster` nodes (each on its own data dir, binding
+port 0 for HTTP and replication and advertising the ports it got, pinned to the server CPUs like
+every server here), waiting until one node leads and serves
 with every other node in its sync set and caught up (lag 0), which port the bench drives (the
 leader's), the check after a run that the same leader still leads the same epoch with its standby
 still in sync, and stopping them (standby, leader, then etcd) by their own pids.
@@ -24,7 +25,6 @@ from bench.servers import (
     HOST,
     ServerProcess,
     etcd_server,
-    free_port,
     http_get_to_close,
     queen_server,
 )
@@ -57,16 +57,16 @@ class QueenCluster:
         self.token = None
         self.etcd = etcd_server(_subdir(data_dir, "etcd"), os.path.join(out_dir, f"server-{system}-etcd.log"), cpus,
                                 name=f"{system}-etcd")
-        etcd_url = f"http://{HOST}:{self.etcd.port}"
         self.nodes: list[ServerProcess] = []
         self.node_ids: dict[str, str] = {}  # process name -> the node's id in the cluster
         for index in range(1, nodes + 1):
             node = f"n{index}"
-            replication = f"{HOST}:{free_port()}"
 
-            def flags(port: int, node=node, replication=replication) -> list[str]:
-                return ["--cluster", CLUSTER_NAME, "--node", node, "--etcd", etcd_url,
-                        "--advertise", f"http://{HOST}:{port}", "--replication-listen", replication,
+            def flags(node=node) -> list[str]:
+                # Asked at the node's start, once etcd is up on the port it got. Port 0 in both
+                # addresses: the node advertises the ports it bound.
+                return ["--cluster", CLUSTER_NAME, "--node", node, "--etcd", f"http://{HOST}:{self.etcd.port}",
+                        "--advertise", f"http://{HOST}:0", "--replication-listen", f"{HOST}:0",
                         "--leader-ttl", str(LEADER_TTL_S)]
 
             server = queen_server(_subdir(data_dir, node), os.path.join(out_dir, f"server-{system}-{node}.log"),

@@ -9,6 +9,12 @@ the same pid only if it ignores SIGTERM past a grace period; the report then say
 be served over HTTPS: a throwaway CA and certificate made with openssl in the run's directory,
 and `ca_file` on the server for every client of it to trust.
 
+Ports: Queen and the baseline bind port 0 and name the port they got in a port file (queen
+serve --port-file), so nothing can take it first. A peer is given a port picked free just before
+(none of them reports a port 0 it bound in a form read as easily); one that exits saying the
+address is in use (another process took the port in between) is started again on fresh ports, up
+to BIND_ATTEMPTS times.
+
 Never: signals a process it did not start, or binds anything but 127.0.0.1.
 """
 
@@ -23,32 +29,55 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from bench.loadgen import ResponseError, open_socket, request_once
+from queen.runtime import port_file
 from queen.testing import make_server_cert, make_test_ca, parse_metrics
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
 STOP_GRACE_S = 30.0
+# A peer's port lost between its pick and the peer's bind is rare (another process must take that
+# very port in those milliseconds); five in a row means something else is wrong.
+BIND_ATTEMPTS = 5
 
 
 def free_port() -> int:
+    """A port nothing listened on a moment ago: for a peer that must be told its port up front
+    (its start is retried if another process took it meanwhile, ServerProcess.start)."""
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return sock.getsockname()[1]
 
 
+@dataclass
+class Launch:
+    """One start of a server: its command line, and the port it serves on, or None when it binds
+    port 0 and names the port in its port file. health(port): whether it answers (None: the
+    server's own check)."""
+
+    argv: list[str]
+    port: int | None = None
+    health: Callable[[int], bool] | None = None
+
+
 class ServerProcess:
-    def __init__(self, name: str, argv: list[str], port: int, log_path: str, cpus: list[int] | None,
+    def __init__(self, name: str, launch: Callable[[], Launch], log_path: str, cpus: list[int] | None,
                  cwd: str | None = None, health=None, user: str | None = None, ca_file: str | None = None,
-                 token: str | None = None):
+                 token: str | None = None, port_file_path: str | None = None):
+        """launch(): the command line of one start, on ports picked then (called again for a
+        start that lost its port). port_file_path: where a server given port 0 names its port."""
         self.ca_file = ca_file  # it speaks HTTPS with a certificate this CA signed
         self.token = token  # it has an auth file: a token's secret, sent with every request
         self.health = health or (lambda port: _http_health(port, ca_file))
         self.user = user  # run as this user (PostgreSQL refuses to run as root)
         self.name = name
-        self.argv = argv
-        self.port = port
+        self.launch = launch
+        self.port_file_path = port_file_path
+        self.argv: list[str] = []
+        self.port: int | None = None
         self.log_path = log_path
         self.cpus = cpus
         self.cwd = cwd
@@ -67,22 +96,39 @@ class ServerProcess:
             if cpus:
                 os.sched_setaffinity(0, cpus)
 
-        log = open(self.log_path, "ab")
-        try:
-            self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                            preexec_fn=pin, cwd=self.cwd, user=self.user)
-        finally:
-            log.close()
-        self._wait_healthy()
+        for _ in range(BIND_ATTEMPTS):
+            launch = self.launch()
+            self.argv, self.port = launch.argv, launch.port
+            if self.port_file_path:
+                port_file.remove(self.port_file_path)  # a killed run's: the server writes its own
+            log_offset = _size(self.log_path)
+            log = open(self.log_path, "ab")
+            try:
+                self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                                preexec_fn=pin, cwd=self.cwd, user=self.user)
+            finally:
+                log.close()
+            if self._wait_healthy(launch.health or self.health, log_offset):
+                return
+        raise RuntimeError(f"{self.name} lost its port to another process {BIND_ATTEMPTS} times in a row; "
+                           f"see {self.log_path}")
 
-    def _wait_healthy(self) -> None:
+    def _wait_healthy(self, health, log_offset: int) -> bool:
+        """True once it answers its health check; False when it exited because its port was
+        taken (its log says the address is in use). Raises when it exited otherwise or never
+        answered."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if _lost_its_port(self.log_path, log_offset):
+                    return False
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode} before answering; see {self.log_path}")
+            if self.port is None:
+                ports = port_file.read(self.port_file_path)
+                self.port = ports["port"] if ports else None
             try:
-                if self.health(self.port):
-                    return
+                if self.port is not None and health(self.port):
+                    return True
             except (OSError, ResponseError, ValueError):
                 pass
             time.sleep(0.05)
@@ -116,20 +162,40 @@ class ServerProcess:
             self.exit_code = self.process.wait(timeout=10)
 
 
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _lost_its_port(log_path: str, offset: int) -> bool:
+    """Whether the server's output since offset says its address was in use (Redis, etcd, NATS,
+    PostgreSQL and Queen each say "address already in use" or Queen's reason=address_in_use)."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read().lower()
+    except OSError:
+        return False
+    return b"address already in use" in text or b"reason=address_in_use" in text
+
+
 def queen_server(data_dir: str, log_path: str, cpus: list[int] | None, repo_root: str,
                  tls_dir: str | None = None, auth_dir: str | None = None, name: str = "queen",
                  extra_args=None) -> ServerProcess:
     """tls_dir: serve HTTPS, with a certificate for 127.0.0.1 made there (and its CA, which the
     bench's clients trust). auth_dir: run with an auth file made there, whose admin token (of a
     named tenant, so every name is stored under its prefix) the bench's clients send.
-    extra_args(port): more flags, given the HTTP port chosen (a cluster node advertises it)."""
-    port = free_port()
-    argv = [sys.executable, "-m", "queen", "serve", "--host", HOST, "--port", str(port), "--data-dir", data_dir]
+    extra_args(): more flags, asked for at each start (a cluster node's --etcd names the port
+    etcd got when it started). It binds port 0 and names its port in a port file beside its log."""
+    ports = os.path.splitext(log_path)[0] + ".port"
+    argv = [sys.executable, "-m", "queen", "serve", "--host", HOST, "--port", "0", "--port-file", ports,
+            "--data-dir", data_dir]
     tls_args, ca_file = _tls_files(tls_dir)
     auth_args, token = _auth_file(auth_dir, repo_root)
-    more = extra_args(port) if extra_args else []
-    return ServerProcess(name, argv + tls_args + auth_args + more, port, log_path, cpus, cwd=repo_root,
-                         ca_file=ca_file, token=token)
+    return ServerProcess(name, lambda: Launch(argv + tls_args + auth_args + (extra_args() if extra_args else [])),
+                         log_path, cpus, cwd=repo_root, ca_file=ca_file, token=token, port_file_path=ports)
 
 
 def _auth_file(auth_dir: str | None, repo_root: str) -> tuple[list[str], str | None]:
@@ -145,10 +211,11 @@ def _auth_file(auth_dir: str | None, repo_root: str) -> tuple[list[str], str | N
 
 
 def baseline_server(log_path: str, cpus: list[int] | None, repo_root: str, tls_dir: str | None = None) -> ServerProcess:
-    port = free_port()
-    argv = [sys.executable, "-m", "bench.baseline_http", "--host", HOST, "--port", str(port)]
+    ports = os.path.splitext(log_path)[0] + ".port"
+    argv = [sys.executable, "-m", "bench.baseline_http", "--host", HOST, "--port", "0", "--port-file", ports]
     tls_args, ca_file = _tls_files(tls_dir)
-    return ServerProcess("baseline-http", argv + tls_args, port, log_path, cpus, cwd=repo_root, ca_file=ca_file)
+    return ServerProcess("baseline-http", lambda: Launch(argv + tls_args), log_path, cpus, cwd=repo_root,
+                         ca_file=ca_file, port_file_path=ports)
 
 
 def _tls_files(tls_dir: str | None) -> tuple[list[str], str | None]:
@@ -231,27 +298,33 @@ def redis_server(system: str, data_dir: str, log_path: str, cpus: list[int] | No
     """Redis on 127.0.0.1 with its files in data_dir. redis-aof: appendonly yes, appendfsync
     always (every write fsynced before its reply: the durable, comparable setting); redis-mem: no
     persistence at all (the in-memory ceiling)."""
-    port = free_port()
-    argv = [shutil.which("redis-server") or "redis-server", "--bind", HOST, "--port", str(port), "--dir", data_dir,
-            "--save", "", "--daemonize", "no", "--protected-mode", "yes", "--logfile", "", "--databases", "1"]
-    if system == "redis-aof":
-        argv += ["--appendonly", "yes", "--appendfsync", "always", "--aof-use-rdb-preamble", "yes"]
-    else:
-        argv += ["--appendonly", "no"]
-    return ServerProcess(system, argv, port, log_path, cpus, health=_redis_health)
+    def launch() -> Launch:
+        port = free_port()
+        argv = [shutil.which("redis-server") or "redis-server", "--bind", HOST, "--port", str(port), "--dir", data_dir,
+                "--save", "", "--daemonize", "no", "--protected-mode", "yes", "--logfile", "", "--databases", "1"]
+        if system == "redis-aof":
+            argv += ["--appendonly", "yes", "--appendfsync", "always", "--aof-use-rdb-preamble", "yes"]
+        else:
+            argv += ["--appendonly", "no"]
+        return Launch(argv, port)
+
+    return ServerProcess(system, launch, log_path, cpus, health=_redis_health)
 
 
 def etcd_server(data_dir: str, log_path: str, cpus: list[int] | None, name: str = "etcd") -> ServerProcess:
     """Single-node etcd on 127.0.0.1, its data dir on the same disk as Queen's. Defaults otherwise:
     etcd fsyncs its WAL before it answers a write, as Queen does."""
-    port, peer_port = free_port(), free_port()
-    client, peer = f"http://{HOST}:{port}", f"http://{HOST}:{peer_port}"
-    argv = [shutil.which("etcd") or "etcd", "--name", "bench", "--data-dir", data_dir,
-            "--listen-client-urls", client, "--advertise-client-urls", client,
-            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"bench={peer}", "--initial-cluster-state", "new",
-            "--log-level", "warn", "--logger", "zap", "--log-outputs", "stderr"]
-    return ServerProcess(name, argv, port, log_path, cpus, health=_etcd_health)
+    def launch() -> Launch:
+        port, peer_port = free_port(), free_port()
+        client, peer = f"http://{HOST}:{port}", f"http://{HOST}:{peer_port}"
+        argv = [shutil.which("etcd") or "etcd", "--name", "bench", "--data-dir", data_dir,
+                "--listen-client-urls", client, "--advertise-client-urls", client,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"bench={peer}", "--initial-cluster-state", "new",
+                "--log-level", "warn", "--logger", "zap", "--log-outputs", "stderr"]
+        return Launch(argv, port)
+
+    return ServerProcess(name, launch, log_path, cpus, health=_etcd_health)
 
 
 def _postgres_health(port: int) -> bool:
@@ -276,11 +349,14 @@ def postgres_server(data_dir: str, log_path: str, cpus: list[int] | None) -> Ser
         subprocess.run([os.path.join(POSTGRES_BIN, "initdb"), "-D", cluster, "-U", "bench", "--auth=trust", "-E", "UTF8",
                         "--no-instructions"], check=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log, user=user,
                        timeout=120)
-    port = free_port()
-    argv = [os.path.join(POSTGRES_BIN, "postgres"), "-D", cluster, "-k", data_dir, "-h", HOST, "-p", str(port),
-            "-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "shared_buffers=1GB", "-c", "max_wal_size=8GB",
-            "-c", "max_connections=300"]
-    return ServerProcess("postgres", argv, port, log_path, cpus, health=_postgres_health, user=user)
+    def launch() -> Launch:
+        port = free_port()
+        argv = [os.path.join(POSTGRES_BIN, "postgres"), "-D", cluster, "-k", data_dir, "-h", HOST, "-p", str(port),
+                "-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "shared_buffers=1GB", "-c", "max_wal_size=8GB",
+                "-c", "max_connections=300"]
+        return Launch(argv, port)
+
+    return ServerProcess("postgres", launch, log_path, cpus, health=_postgres_health, user=user)
 
 
 def nats_server(data_dir: str, log_path: str, cpus: list[int] | None) -> ServerProcess:
@@ -288,14 +364,13 @@ def nats_server(data_dir: str, log_path: str, cpus: list[int] | None) -> ServerP
     version offers: 2.9 has no per-write fsync setting (`sync_interval` arrived in 2.10 and 2.9
     refuses it), so a publish is acknowledged once it is in the OS's page cache, and the file
     store syncs on its own timer. The report says so beside every NATS figure."""
-    port, monitor = free_port(), free_port()
-    argv = [shutil.which("nats-server") or "nats-server", "-a", HOST, "-p", str(port), "-m", str(monitor),
-            "-js", "-sd", data_dir]
+    def launch() -> Launch:
+        port, monitor = free_port(), free_port()
+        argv = [shutil.which("nats-server") or "nats-server", "-a", HOST, "-p", str(port), "-m", str(monitor),
+                "-js", "-sd", data_dir]
+        return Launch(argv, port, health=lambda _port: _http_health_at(monitor, "/healthz"))
 
-    def healthy(_port: int) -> bool:
-        return _http_health_at(monitor, "/healthz")
-
-    return ServerProcess("nats", argv, port, log_path, cpus, health=healthy)
+    return ServerProcess("nats", launch, log_path, cpus)
 
 
 def _http_health_at(port: int, path: str) -> bool:

@@ -23,7 +23,11 @@ def _opt(default, help_text: str, metavar: str = ""):
 @dataclass(frozen=True, slots=True)
 class Config:
     host: str = _opt("127.0.0.1", "address to listen on; loopback by default so nothing is exposed by accident", "ADDR")
-    port: int = _opt(6632, "TCP port to listen on (0 picks a free one and logs it)", "PORT")
+    port: int = _opt(6632, "TCP port to listen on; 0 takes a free one, named in the start line (event=listening "
+                     "port=N) and in --port-file", "PORT")
+    port_file: str = _opt("", "once listening, write the bound ports here as one line of JSON, "
+                          '{"port": N} (a cluster node adds "replicationPort": M), by a rename, so no reader sees '
+                          "half of it; removed at a clean exit. What starts a server on port 0 reads it", "FILE")
     data_dir: str = _opt("./queen-data", "directory for the write-ahead log and snapshots", "DIR")
     shard_count: int = _opt(4, "shard actors; each owns the keys that hash to it (all slots of a lock share one)", "N")
     body_bytes_max: int = _opt(1 << 20, "largest request body accepted; larger answers 413", "BYTES")
@@ -63,8 +67,10 @@ class Config:
                         "other nodes; without it the server runs alone, as always", "NAME")
     node_id: str = _opt("", "this node's name in the cluster, unique and stable across restarts (--node)", "ID")
     etcd: str = _opt("", "etcd client URLs, comma-separated (http://host:2379,...)", "URLS")
-    advertise: str = _opt("", "the URL clients reach this node at; other nodes redirect clients to it", "URL")
-    replication_listen: str = _opt("", "address followers connect to for the log (HOST:PORT)", "HOST:PORT")
+    advertise: str = _opt("", "the URL clients reach this node at; other nodes redirect clients to it (a port of 0 "
+                          "stands for the one --port bound)", "URL")
+    replication_listen: str = _opt("", "address followers connect to for the log (HOST:PORT; port 0 takes a free "
+                                   "one, which the node advertises)", "HOST:PORT")
     leader_ttl_s: float = _opt(5.0, "the leader's etcd lease (--leader-ttl): a dead leader is replaced after about "
                                "this long; shorter fails over faster but costs more keepalives", "SECONDS")
     sync_mode: str = _opt("strict", "when a synchronous follower fails: strict stalls writes until it returns or a "
@@ -164,11 +170,18 @@ def cluster_problems(config: Config) -> list[str]:
 
 
 def host_port(text: str) -> tuple[str, int] | None:
-    """("host", port) of HOST:PORT (an IPv6 host in brackets), or None."""
+    """("host", port) of HOST:PORT (an IPv6 host in brackets; port 0: any free one), or None."""
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         return None
     return host.strip("[]"), int(port)
+
+
+def with_port(address: str, port: int) -> str:
+    """HOST:PORT or scheme://HOST:PORT as given, but with `port` for a port given as 0 (the one
+    the system picked when the listener was bound)."""
+    head, sep, given = address.rpartition(":")
+    return f"{head}:{port}" if sep and given == "0" else address
 
 
 def is_loopback(host: str) -> bool:

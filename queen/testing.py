@@ -20,10 +20,8 @@ import subprocess
 import sys
 import time
 
+from queen.runtime import port_file
 from queen.wal.disk import Disk
-
-# The start line, as logfmt or as JSON (--log-format json).
-_LISTENING = re.compile(r'event=listening host=\S+ port=(\d+)|"event": "listening", "host": "[^"]*", "port": "(\d+)"')
 
 
 class FaultyDisk(Disk):
@@ -290,6 +288,9 @@ def parse_log_line(line: str) -> dict:
 class ServerProcess:
     """A real `queen serve` on 127.0.0.1 and a free port, started and stopped by the test.
 
+    The server binds port 0 and says which port it got in its port file (--port-file, beside its
+    log unless the test gives one): no port is picked before the server binds it, so none can be
+    taken meanwhile. `port` (and a cluster node's `replication_port`) are what it bound.
     Stopped only by its own pid. `kill()` is SIGKILL (a crash); `stop()` is SIGTERM (a clean exit).
     """
 
@@ -309,30 +310,34 @@ class ServerProcess:
         self.open_files_max = open_files_max
         self.process: subprocess.Popen | None = None
         self.port: int | None = None
-        self.stderr_path = os.path.join(os.path.dirname(os.path.abspath(data_dir)), os.path.basename(data_dir) + ".log")
+        self.replication_port: int | None = None  # a cluster node's
+        base = os.path.join(os.path.dirname(os.path.abspath(data_dir)), os.path.basename(data_dir))
+        self.stderr_path = base + ".log"
+        self.port_file = _port_file_given(self.extra_args, env) or base + ".port"
         SERVER_LOG_FILES.add(self.stderr_path)
 
     def start(self, timeout_s: float = 20.0, port: int = 0) -> ServerProcess:
-        """Start it on `port` (0: a free one) and wait until it listens."""
+        """Start it on `port` (0: a free one, the server's choice) and wait until it listens."""
         env = dict(os.environ, **(self.env or {}))
         env.setdefault("PYTHONUNBUFFERED", "1")
+        port_file.remove(self.port_file)  # a killed server's: the new one writes its own once it listens
         self._log = open(self.stderr_path, "ab")
         start_offset = self._log.tell()
         self.process = subprocess.Popen(
             [sys.executable, "-m", self.module, "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--data-dir", self.data_dir, *self.extra_args],
+             "--data-dir", self.data_dir, "--port-file", self.port_file, *self.extra_args],
             stdout=subprocess.DEVNULL, stderr=self._log, env=env, preexec_fn=self._limit_open_files)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            with open(self.stderr_path, "rb") as f:
-                f.seek(start_offset)
-                text = f.read().decode(errors="replace")
-            match = _LISTENING.search(text)
-            if match:
-                self.port = int(match.group(1) or match.group(2))
+            ports = port_file.read(self.port_file)
+            if ports is not None:
+                self.port, self.replication_port = ports["port"], ports.get("replicationPort")
                 return self
             if self.process.poll() is not None:
                 self._close_log()
+                with open(self.stderr_path, "rb") as f:
+                    f.seek(start_offset)
+                    text = f.read().decode(errors="replace")
                 raise RuntimeError(f"queen serve exited with {self.process.returncode}:\n{text}")
             time.sleep(0.02)  # waiting on a real process to come up, not on time to pass
         self.kill()
@@ -340,7 +345,8 @@ class ServerProcess:
 
     def restart(self, timeout_s: float = 20.0) -> ServerProcess:
         """Start it again on the port it had, as a broker restarted by systemd comes back where its
-        clients look for it."""
+        clients look for it. Another process may have taken that port since this one let it go
+        (rarely): a test whose clients can follow a new port calls `start()` instead."""
         return self.start(timeout_s, port=self.port)
 
     def _limit_open_files(self) -> None:
@@ -466,7 +472,21 @@ def make_server_cert(directory: str, ca: tuple[str, str], name: str = "server", 
     return cert, key
 
 
+def _port_file_given(args: list[str], env: dict | None) -> str | None:
+    """The --port-file a test passes itself (flag or QUEEN_PORT_FILE), if it does."""
+    for index, arg in enumerate(args):
+        if arg == "--port-file" and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith("--port-file="):
+            return arg.partition("=")[2]
+    return (env or {}).get("QUEEN_PORT_FILE") or None
+
+
 def free_port() -> int:
+    """A loopback port that nothing listened on a moment ago, for a URL that must find nobody
+    there (a dead node, a refused connection). Never to start a server on: another process may
+    take it before the server binds it. Start servers on port 0 and read the port they bound
+    (ServerProcess, open_server, `queen serve --port-file`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -112,7 +112,8 @@ def serve_broker(config: Config) -> int:
 
         from queen.http.tls import TlsSetupError
         from queen.runtime.notify import Notifier
-        from queen.runtime.server import DataDirBusy, Server, settle_collector
+        from queen.runtime.port_file import PortFileError
+        from queen.runtime.server import AddressInUse, DataDirBusy, Server, settle_collector
     except ModuleNotFoundError as missing:
         return server_dependencies_missing("serve", missing)
 
@@ -139,7 +140,8 @@ def serve_broker(config: Config) -> int:
     failure = None
     try:
         trio.run(main_task)
-    except* (DataDirBusy, RefusedToStart, OSError, TlsSetupError, AuthFileError) as group:  # raised inside nurseries, so grouped
+    except* (DataDirBusy, RefusedToStart, OSError, TlsSetupError, AuthFileError, AddressInUse,
+             PortFileError) as group:  # raised inside nurseries, so grouped
         failure = _first_leaf(group)
     if failure is None:
         return 0
@@ -153,7 +155,12 @@ def serve_broker(config: Config) -> int:
         logger.error("event=start_failed reason=tls file=%s error=%r action=refusing_to_start", failure.path, failure.detail)
     elif isinstance(failure, AuthFileError):
         logger.error("event=start_failed reason=auth_file detail=%r action=refusing_to_start", str(failure))
-    elif isinstance(failure, OSError) and failure.errno == errno.EADDRINUSE:
+    elif isinstance(failure, AddressInUse):
+        logger.error("event=start_failed reason=address_in_use host=%s port=%d", failure.host, failure.port)
+    elif isinstance(failure, PortFileError):
+        logger.error("event=start_failed reason=port_file file=%s detail=%r action=refusing_to_start", failure.path,
+                     failure.detail)
+    elif isinstance(failure, OSError) and failure.errno == errno.EADDRINUSE:  # listen(): taken since the bind
         logger.error("event=start_failed reason=address_in_use host=%s port=%d", config.host, config.port)
     else:
         logger.error("event=start_failed reason=%r", str(failure))

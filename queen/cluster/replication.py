@@ -208,17 +208,21 @@ class _Link:
 class Replicator:
     def __init__(self, *, node_id: str, data_dir: str, listen: tuple[str, int], state, writer, steps, clock, disk,
                  run_blocking, recovered, cluster: str = "", faults: test_faults.Faults = test_faults.NONE,
-                 sync_timeout_s: float):
+                 sync_timeout_s: float, sockets: list | None = None):
         """recovered: what recovery found (queen/wal/recovery.py, Recovered): the log's last
         version. run_blocking should be the writer's (its disk thread): a cut of the log then never
         runs beside a commit. Reads the two epoch files (tiny) here, at start. faults: the
         failover suite's deliberate bugs (queen/cluster/faults.py), none in production.
-        sync_timeout_s: how long a call waits for the sync set at most (module docstring)."""
+        sync_timeout_s: how long a call waits for the sync set at most (module docstring).
+        sockets: the listening sockets to serve on, which the server bound before it touched the
+        data directory and keeps across the node's restarts (serve leaves them open); without
+        them serve binds `listen` itself, for its own lifetime."""
         self.node_id = node_id
         self.faults = faults
         self.cluster = cluster
         self.data_dir = data_dir
         self.listen = listen
+        self.sockets = sockets
         self.state = state
         self.writer = writer
         self.steps = steps
@@ -550,7 +554,12 @@ class Replicator:
     async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The replication listener, for the server's lifetime; accepts followers' HELLO only while
         leading (otherwise refuses)."""
-        listeners = await trio.open_tcp_listeners(self.listen[1], host=self.listen[0])
+        if self.sockets is not None:
+            # Duplicates: trio.serve_listeners closes what it served on, and the server's own
+            # sockets must outlive this run (the same listening socket, under another descriptor).
+            listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock.dup())) for sock in self.sockets]
+        else:
+            listeners = await trio.open_tcp_listeners(self.listen[1], host=self.listen[0])
         self.port = listeners[0].socket.getsockname()[1]
         try:
             async with trio.open_nursery() as nursery:

@@ -160,9 +160,11 @@ def connection_budget(connections_max: int) -> int:
     return max(budget, 1)
 
 
-def open_listeners(host: str, port: int) -> list[socket.socket]:
-    """Non-blocking listening sockets for every address host resolves to; port 0 takes one free
-    port for all of them."""
+def bind_listeners(host: str, port: int) -> list[socket.socket]:
+    """Non-blocking sockets bound to every address host resolves to, not yet listening: the port
+    is held (port 0 takes one free port for all of them), and a client that dials it is refused
+    until `start_listening`. A port in use raises OSError(EADDRINUSE) here, before a start
+    touches anything."""
     listeners = []
     try:
         for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
@@ -175,8 +177,26 @@ def open_listeners(host: str, port: int) -> list[socket.socket]:
             if port == 0 and len(listeners) > 1:
                 address = (address[0], listeners[0].getsockname()[1], *address[2:])
             sock.bind(address)
-            sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
+    except BaseException:
+        for sock in listeners:
+            sock.close()
+        raise
+    return listeners
+
+
+def start_listening(listeners: list[socket.socket]) -> None:
+    """Let clients connect (they wait in the backlog until accepted); again is harmless."""
+    for sock in listeners:
+        sock.listen(LISTEN_BACKLOG)
+
+
+def open_listeners(host: str, port: int) -> list[socket.socket]:
+    """Non-blocking listening sockets for every address host resolves to; port 0 takes one free
+    port for all of them."""
+    listeners = bind_listeners(host, port)
+    try:
+        start_listening(listeners)
     except BaseException:
         for sock in listeners:
             sock.close()

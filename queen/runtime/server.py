@@ -19,14 +19,14 @@ import trio
 from queen import __version__, _native
 from queen.auth import Authenticator, AuthFile, AuthFileError
 from queen.clock import Clock
-from queen.config import Config, is_loopback
+from queen.config import Config, host_port, is_loopback, with_port
 from queen.core.state import Drain, State
 from queen.core.wheel import TICK_MS
 from queen.histogram import answered
-from queen.http.connection import HttpServer, connection_budget, open_listeners
+from queen.http.connection import HttpServer, bind_listeners, connection_budget, start_listening
 from queen.http.routes import Api
 from queen.http.tls import server_context
-from queen.runtime import metrics
+from queen.runtime import metrics, port_file
 from queen.runtime.backup import take_backup
 from queen.runtime.notify import Notifier
 from queen.runtime.router import Router
@@ -63,6 +63,24 @@ class DataDirBusy(Exception):
     pass
 
 
+class AddressInUse(Exception):
+    """Another process listens on host:port, which this server was told to bind."""
+
+    def __init__(self, host: str, port: int):
+        super().__init__(f"{host}:{port} is in use")
+        self.host = host
+        self.port = port
+
+
+def bind_or_refuse(host: str, port: int) -> list:
+    try:
+        return bind_listeners(host, port)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise AddressInUse(host, port) from None
+        raise
+
+
 def close_all(listeners) -> None:
     for listener in listeners:
         listener.close()  # closing twice is harmless
@@ -85,7 +103,10 @@ class Server:
         self.coordinator = None  # a cluster node's (queen/cluster/coordinator.py); None alone
         self._stop = trio.Event()
         self._lock_fd: int | None = None
+        self._port_file_written = False
         self._listeners: list | None = None  # the HTTP sockets, kept across a cluster node's restarts
+        self._replication_sockets: list | None = None  # a cluster node's, kept likewise
+        self.replication_port: int | None = None  # the one bound (a cluster node's)
         self._restart_reason: str | None = None  # set by the coordinator: run again on the same data dir
         self._wake: trio.Event | None = None  # this run's: shutdown or restart asked
         self.restarts = 0
@@ -160,22 +181,52 @@ class Server:
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         config = self.config
-        os.makedirs(config.data_dir, mode=0o700, exist_ok=True)  # the data is the tenants': no one else reads it
-        self._lock_data_dir()
+        # Whatever can refuse the start is tried before the data directory is touched, so that a
+        # failed start (a port in use, an unusable auth file, certificate or port file) leaves it
+        # as it found it: absent if it was, otherwise unchanged.
+        auth_file, tls_context = self._read_auth_file(), self._tls_context()
+        if config.port_file:
+            port_file.check_writable(config.port_file)
         try:
-            while True:
-                self._restart_reason = None
-                await self._run(task_status)
-                if self._restart_reason is None or self._stop.is_set():
-                    break
-                self.restarts += 1
-                logger.warning("event=restarting reason=%r restarts=%d detail='memory is rebuilt from the log on "
-                               "disk'", self._restart_reason, self.restarts)
-                task_status = trio.TASK_STATUS_IGNORED  # started once, by the first run
+            self._bind()
+            os.makedirs(config.data_dir, mode=0o700, exist_ok=True)  # the data is the tenants': no one else reads it
+            self._lock_data_dir()
+            try:
+                while True:
+                    self._restart_reason = None
+                    await self._run(task_status, auth_file, tls_context)
+                    if self._restart_reason is None or self._stop.is_set():
+                        break
+                    self.restarts += 1
+                    logger.warning("event=restarting reason=%r restarts=%d detail='memory is rebuilt from the log on "
+                                   "disk'", self._restart_reason, self.restarts)
+                    task_status = trio.TASK_STATUS_IGNORED  # started once, by the first run
+                    auth_file, tls_context = self._read_auth_file(), self._tls_context()  # read again, as at a start
+            finally:
+                os.close(self._lock_fd)
+                if config.port_file and self._port_file_written:
+                    port_file.remove(config.port_file)
         finally:
-            if self._listeners is not None:
-                close_all(self._listeners)
-            os.close(self._lock_fd)
+            close_all(self._listeners or ())
+            close_all(self._replication_sockets or ())
+
+    def _bind(self) -> None:
+        """Bind the HTTP port and a cluster node's replication port (port 0: a free one), without
+        listening yet: clients are refused, as before, until recovery is done. Kept across a
+        cluster node's restarts, so its ports never change while the process lives."""
+        config = self.config
+        self._listeners = bind_or_refuse(config.host, config.port)
+        self.port = self._listeners[0].getsockname()[1]
+        if config.cluster:
+            host, port = host_port(config.replication_listen)
+            self._replication_sockets = bind_or_refuse(host, port)
+            self.replication_port = self._replication_sockets[0].getsockname()[1]
+
+    def _tls_context(self):
+        """The HTTPS context of --tls-cert/--tls-key, or None. A certificate that cannot be used
+        stops the start at once (TlsSetupError, naming the file)."""
+        config = self.config
+        return server_context(config.tls_cert, config.tls_key) if config.tls_cert else None
 
     def _lock_data_dir(self) -> None:
         path = os.path.join(self.config.data_dir, "LOCK")
@@ -189,15 +240,11 @@ class Server:
             raise
         self._lock_fd = fd
 
-    async def _run(self, task_status) -> None:
+    async def _run(self, task_status, auth_file: AuthFile | None, tls_context) -> None:
         config = self.config
-        auth_file = self._read_auth_file()  # before anything starts: a bad file refuses to start
         if auth_file is None and not is_loopback(config.host):
             logger.warning("event=insecure host=%s detail='no auth file: anyone who reaches the port may read, write "
                            "and delete everything'", config.host)
-        # Loaded before recovery, which can take a while: a certificate that cannot be used stops
-        # the start at once (TlsSetupError, naming the file).
-        tls_context = server_context(config.tls_cert, config.tls_key) if config.tls_cert else None
         wall_at_start_ms = self.wall_at_start_ms
         if config.cluster:
             self._read_cluster_faults()
@@ -257,6 +304,7 @@ class Server:
             await core.start(run_writer)
             core.start_soon(tick_forever, steps, TICK_MS)
             if replicator is not None:
+                start_listening(self._replication_sockets)
                 await core.start(replicator.serve)
             # Pauses are read from the log: after recovery (from memory: tenancy.load_pauses).
             await self._apply_auth(auth_file, api)
@@ -264,22 +312,26 @@ class Server:
                 core.start_soon(self.coordinator.run)  # answers 503 no_leader until it knows the leader
             self._reloads = send_reload
             core.start_soon(self._reload_forever, receive_reload, api)
-            if self._listeners is None:  # a restart keeps them: clients wait in the backlog meanwhile
-                self._listeners = open_listeners(config.host, config.port)
-            listeners = self._listeners
+            listeners = self._listeners  # a restart keeps them: clients wait in the backlog meanwhile
+            start_listening(listeners)
             wake = self._wake = trio.Event()
             if self._stop.is_set() or self._restart_reason is not None:
                 wake.set()
             restart = False
             try:
-                self.port = listeners[0].getsockname()[1]
                 async with trio.open_nursery() as connections:
                     async with trio.open_nursery() as accept:
                         accept.start_soon(http.serve, listeners, connections)
                         logger.info("event=listening host=%s port=%d tls=%s auth=%s data_dir=%s shards=%d "
-                                    "connections_max=%d compiled=%s", config.host, self.port, "on" if tls_context else "off",
+                                    "connections_max=%d compiled=%s" + (" replication_port=%d" if config.cluster else ""),
+                                    config.host, self.port, "on" if tls_context else "off",
                                     "on" if auth_file is not None else "off", os.path.abspath(config.data_dir), count,
-                                    http.connections_allowed, "true" if _native.COMPILED else "false")
+                                    http.connections_allowed, "true" if _native.COMPILED else "false",
+                                    *((self.replication_port,) if config.cluster else ()))
+                        if config.port_file and not self._port_file_written:  # once: a restart keeps the ports
+                            await (self.run_blocking or trio.to_thread.run_sync)(
+                                port_file.write, config.port_file, self.port, self.replication_port)
+                            self._port_file_written = True
                         task_status.started(self)
                         self._notify_ready()
                         await wake.wait()
@@ -316,15 +368,18 @@ class Server:
         from queen.cluster.coordinator import Coordinator, Settings
         from queen.cluster.etcd import EtcdClient
         from queen.cluster.replication import Replicator
-        from queen.config import host_port
 
         config = self.config
         self._read_cluster_faults()
         replicator = Replicator(node_id=config.node_id, data_dir=config.data_dir,
                                 listen=host_port(config.replication_listen), state=state, writer=writer, steps=steps,
                                 clock=clock, disk=self.disk, run_blocking=run_blocking, recovered=recovered,
-                                cluster=config.cluster, faults=self._faults, sync_timeout_s=config.sync_timeout_s)
-        settings = Settings(config.cluster, config.node_id, config.advertise.rstrip("/"), config.replication_listen,
+                                cluster=config.cluster, faults=self._faults, sync_timeout_s=config.sync_timeout_s,
+                                sockets=self._replication_sockets)
+        # What the node publishes (its leader and members/ documents) names the ports it bound,
+        # never a 0 it was given.
+        settings = Settings(config.cluster, config.node_id, with_port(config.advertise.rstrip("/"), self.port),
+                            with_port(config.replication_listen, self.replication_port),
                             leader_ttl_s=config.leader_ttl_s, sync_mode=config.sync_mode,
                             lease_grace_s=config.lease_grace_s)
         etcd = EtcdClient([url.strip() for url in config.etcd.split(",") if url.strip()],

@@ -52,7 +52,9 @@ def test_cluster_flags_are_checked():
     bad = validate(Config(**{**CLUSTER, "etcd": "https://e:2379", "advertise": "a:1", "replication_listen": "a",
                              "leader_ttl_s": 0.5, "sync_mode": "lazy", "cluster": "a b"}))
     assert len(bad) == 6, bad
-    assert host_port("[::1]:6642") == ("::1", 6642) and host_port("a:0") is None and host_port("a") is None
+    assert host_port("[::1]:6642") == ("::1", 6642) and host_port("a") is None and host_port("a:65536") is None
+    assert host_port("a:0") == ("a", 0)  # any free port: the node advertises the one it bound
+    assert validate(Config(**{**CLUSTER, "replication_listen": "127.0.0.1:0", "advertise": "http://a:0"})) == []
 
 
 class FakeCluster:

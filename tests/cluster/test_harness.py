@@ -44,6 +44,27 @@ def test_etcd_cluster_loses_and_regains_quorum(tmp_path):
         assert "/queen/t/probe" in etcd.get_prefix("/queen/t/")
 
 
+def test_an_etcd_port_taken_before_etcd_binds_it_is_picked_again(tmp_path):
+    from tests.cluster.etcd_single import EtcdProcess
+
+    with socket.socket() as holder:  # another process took the port between its pick and etcd's bind
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        etcd = EtcdCluster(str(tmp_path / "cluster"), n=3)
+        etcd.members[1].peer_port = taken
+        solo = EtcdProcess(str(tmp_path / "solo-data"))
+        solo.client_port = taken
+        with etcd, solo:
+            assert all(m.alive() and m.peer_port != taken for m in etcd.members)
+            etcd.put("/queen/t/probe", "one")
+            assert etcd.get("/queen/t/probe", member=2) == "one"
+            assert solo.client_port != taken and solo.process.poll() is None
+    for log_path in (etcd.members[1].log_path, solo.output_path):
+        with open(log_path) as log:
+            assert "address already in use" in log.read()
+
+
 def test_etcd_raft_leader_moves_and_steps_down_without_quorum(tmp_path):
     with EtcdCluster(str(tmp_path), n=3) as etcd:
         leader = (etcd.leader_member() + 1) % 3
@@ -246,8 +267,45 @@ def test_cluster_nodes_get_the_spec_flags_and_a_proxy_per_link(tmp_path):
         etcd_urls = args[args.index("--etcd") + 1].split(",")
         assert etcd_urls == [p.url for p in cluster.etcd_link("n1")] and len(etcd_urls) == 3
         assert len({p.port for p in cluster.all_proxies()}) == 3 * (1 + 3 + 2)  # every link its own proxy
-        a_to_b, b_to_a = cluster.replication_link("n1", "n2")
-        assert a_to_b.upstream == ("127.0.0.1", cluster.nodes["n2"].replication_port)
-        assert b_to_a.upstream == ("127.0.0.1", node.replication_port)
+        # No port is picked for a node: it binds port 0, and its proxies are pointed at what it bound.
+        assert args[args.index("--replication-listen") + 1] == "127.0.0.1:0"
+        assert all(p.upstream is None for p in (node.client_proxy, *cluster.replication_link("n1", "n2")))
     finally:
         cluster.stop()
+
+
+def test_a_restarted_node_binds_new_ports_and_its_proxies_follow(tmp_path):
+    from tests.cluster.harness.nodes import QueenCluster, cluster_supported
+
+    if not cluster_supported():
+        pytest.skip("this build's queen serve has no --cluster")
+    with EtcdCluster(str(tmp_path), n=1) as etcd, \
+            QueenCluster(str(tmp_path), etcd, 2, leader_ttl_s=2, sync_mode="degrade") as cluster:
+        leader = cluster.wait_leader()
+        [follower] = [n for n in cluster.nodes if n != leader]
+        node = cluster.nodes[follower]
+        assert node.client_proxy.upstream == ("127.0.0.1", node.http_port)
+        assert cluster.nodes[leader].dial[follower].upstream == ("127.0.0.1", node.replication_port)
+        old_ports = (node.http_port, node.replication_port)
+        with socket.socket() as holder:  # the old HTTP port, taken by another process meanwhile
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            cluster.kill(follower)
+            assert node.client_proxy.upstream is None  # refused while the node is down
+            holder.bind(("127.0.0.1", old_ports[0]))
+            holder.listen()
+            cluster.start_node(follower)
+        assert (node.http_port, node.replication_port) != old_ports
+        assert node.client_proxy.upstream == ("127.0.0.1", node.http_port)
+        assert cluster.nodes[leader].dial[follower].upstream == ("127.0.0.1", node.replication_port)
+        status = poll(lambda: (s := _get_cluster(node.url)) and s.get("node") == follower and s,
+                      what="the restarted node answering through its client proxy")
+        assert status["role"] == "follower"
+        poll(lambda: any(f["node"] == follower and f["connected"]
+                         for f in (cluster.status(leader) or {}).get("followers", [])),
+             what="the leader seeing the restarted follower again")
+
+
+def _get_cluster(url: str) -> dict | None:
+    from tests.cluster.harness.nodes import _get_json
+
+    return _get_json(url + "/api/v1/cluster", 2.0)

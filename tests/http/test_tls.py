@@ -183,6 +183,19 @@ def test_a_key_that_cannot_be_loaded_stops_the_start_with_one_log_line(pki, tmp_
     failures = [line for line in done.stderr.splitlines() if "event=start_failed" in line]
     assert len(failures) == 1 and f"reason=tls file={key} " in failures[0], done.stderr
     assert "event=listening" not in done.stderr
+    assert not (tmp_path / "data").exists(), "a refused start made the data directory"
+
+
+def test_a_key_file_others_may_read_is_warned_about_at_start(pki, tmp_path, tls_server):
+    key = str(tmp_path / "server.key")
+    shutil.copy(pki.key, key)
+    os.chmod(key, 0o640)
+    with ServerProcess(str(tmp_path / "data"), "--tls-cert", pki.cert, "--tls-key", key, ca_file=pki.ca) as server:
+        assert served_name(server, pki) == "queen-test-1"  # warned, and served
+        warnings = [line for line in server.log_text().splitlines() if "event=tls_key_readable_by_others" in line]
+    assert len(warnings) == 1 and "level=warning" in warnings[0], warnings
+    assert f"file={key} " in warnings[0] and "mode=640 " in warnings[0] and "chmod 600" in warnings[0]
+    assert "event=tls_key_readable_by_others" not in tls_server.log_text(), "a 0600 key is not warned about"
 
 
 # -- in-process, in virtual time -------------------------------------------------------------------

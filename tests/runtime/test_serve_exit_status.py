@@ -1,11 +1,14 @@
 """`queen serve`'s exit statuses for the two refusals a restart cannot cure, each with its one log
 line: a data directory another server holds (5) and a log recovery refuses (4, what `queen check`
-answers for the same directory). A service manager stops retrying on these (ops/queen.service)."""
+answers for the same directory). A service manager stops retrying on these (ops/queen.service).
+And a start on a port another process holds (1), which leaves the data directory as it was."""
 
+import socket
 import subprocess
 import sys
 from functools import partial
 
+import pytest
 import trio
 
 from queen.cli import main
@@ -60,3 +63,36 @@ async def test_a_damaged_frame_before_the_last_exits_refused_as_check_says(tmp_p
     assert process.returncode == EXIT_DATA_REFUSED
     line = start_failed_line(process)
     assert "reason=corrupt_log" in line and path in line and f"offset {start}" in line
+
+
+def data_dir_contents(data_dir) -> dict | None:
+    """{relative path: (size, bytes)} of every file under data_dir; None when it does not exist."""
+    if not data_dir.exists():
+        return None
+    return {str(path.relative_to(data_dir)): (path.stat().st_size, path.read_bytes())
+            for path in sorted(data_dir.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.parametrize("before,busy", [("absent", "http"), ("in use before", "http"), ("absent", "replication")])
+def test_a_start_on_a_busy_port_leaves_the_data_dir_as_it_found_it(tmp_path, before, busy):
+    data_dir = tmp_path / "data"
+    if before == "in use before":
+        server = ServerProcess(str(data_dir)).start()
+        assert server.request("PUT", "/api/v1/kv/app/k", {"value": 1, "forever": True})[0] == 200
+        assert server.stop() == 0
+    found = data_dir_contents(data_dir)
+    with socket.socket() as holder:  # another process's listener on the port
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        if busy == "http":
+            flags = ["--port", str(port)]
+        else:  # a cluster node's replication port; refused before it ever dials etcd
+            flags = ["--port", "0", "--cluster", "t", "--node", "n1", "--etcd", "http://127.0.0.1:9",
+                     "--advertise", "http://127.0.0.1:0", "--replication-listen", f"127.0.0.1:{port}"]
+        done = subprocess.run([sys.executable, "-m", "queen", "serve", *flags, "--data-dir", str(data_dir)],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_FAILED, done.stderr
+    line = start_failed_line(done)
+    assert "reason=address_in_use" in line and f"port={port}" in line
+    assert data_dir_contents(data_dir) == found, "the failed start changed the data directory"

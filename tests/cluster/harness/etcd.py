@@ -5,6 +5,11 @@ under the test's tmp dir, elections tuned for tests (--heartbeat-interval 100 --
 1000, etcd's own failover in about a second). Members are stopped, paused and killed by their own
 pid only. `EtcdCluster.put/get` speak the v3 JSON gateway (plain HTTP, keys base64), the same door
 Queen uses, so a test can see what the nodes see.
+
+Ports: etcd 3.4 listens on port 0 but its JSON gateway then dials port 0 (it dials the listen
+URL, not the bound port), and every member's peer URL must be known to all before any starts. So
+ports are picked free beforehand, and a start that lost one to another process (the member exits
+saying "address already in use") is done again on fresh ports, up to BIND_ATTEMPTS times.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -23,6 +29,26 @@ from tests import system_tools
 
 # Debian's etcd-server; QUEEN_TEST_ETCD names another etcd 3.4+ binary.
 ETCD = system_tools.find("etcd") or system_tools.TOOLS["etcd"].path
+# A port lost between its pick and etcd's bind is rare (another process must take that very port
+# in those milliseconds); five tries in a row cannot all lose unless something else is wrong.
+BIND_ATTEMPTS = 5
+
+
+def log_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def lost_its_port(path: str, offset: int) -> bool:
+    """Whether etcd's output since offset says a port it was to listen on was taken."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return b"address already in use" in f.read().lower()
+    except OSError:
+        return False
 
 
 def etcd_installed() -> bool:
@@ -41,6 +67,7 @@ class EtcdMember:
         self.peer_port = peer_port
         self.process: subprocess.Popen | None = None
         self.log_path = data_dir + ".log"
+        self.log_offset = 0  # where the latest start's output begins in log_path
         self.paused = False
 
     @property
@@ -59,6 +86,7 @@ class EtcdMember:
         return self.process is not None and self.process.poll() is None
 
     def start(self, initial_cluster: str, state: str = "new") -> None:
+        self.log_offset = log_size(self.log_path)
         os.makedirs(self.data_dir, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen([
@@ -122,11 +150,37 @@ class EtcdCluster:
         return [member.client_url for member in self.members]
 
     def start(self, timeout_s: float = 30.0) -> EtcdCluster:
-        initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
-        for member in self.members:
-            member.start(initial)
-        self.wait_healthy(timeout_s)
-        return self
+        """Start every member and wait until all are up and healthy. A member that lost a port
+        to another process stops this attempt: every member is stopped and wiped (they were
+        formed with the old peer URLs) and the cluster starts again on fresh ports."""
+        for _ in range(BIND_ATTEMPTS):
+            initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+            for member in self.members:
+                member.start(initial)
+            if self._wait_started(timeout_s):
+                return self
+            self.stop()
+            for member in self.members:
+                shutil.rmtree(member.data_dir, ignore_errors=True)
+                member.client_port, member.peer_port = free_port(), free_port()
+        raise RuntimeError(f"etcd lost a port to another process {BIND_ATTEMPTS} times in a row")
+
+    def _wait_started(self, timeout_s: float) -> bool:
+        """True once every member runs and reports health; False when one exited because a port
+        was taken. Raises when one exited for any other reason, or time ran out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            dead = [m for m in self.members if not m.alive()]
+            if any(lost_its_port(m.log_path, m.log_offset) for m in dead):
+                return False
+            if dead:
+                break
+            if all(m.healthy() for m in self.members):
+                return True
+            time.sleep(0.05)  # polling real processes, not waiting for time to pass
+        logs = {m.name: _tail(m.log_path) for m in self.members}
+        self.stop()
+        raise RuntimeError(f"etcd cluster did not start within {timeout_s} s: {logs}")
 
     def wait_healthy(self, timeout_s: float = 30.0) -> None:
         """Until every live, running member reports health (a leader and quorum); polls a real process."""

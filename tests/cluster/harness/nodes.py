@@ -8,9 +8,11 @@ Topology for n nodes and an etcd cluster of m members, all on 127.0.0.1:
   node → node       one proxy per (follower, leader) pair in front of the leader's replication
                     listener; a follower dials it through QUEEN_TEST_REPLICATION_DIAL (JSON
                     {leader node id: "host:port"}), so `replication_link(a, b)` cuts one pair.
-Each node keeps its HTTP port and its replication port across restarts, so the proxies find it
-again. Nodes are killed, paused and resumed by their own pid; `wipe` removes a stopped node's data
-directory (N8).
+A node starts on port 0 for HTTP and for replication and says which ports it bound in its port
+file (--port-file): nothing picks a port for it beforehand, which another process could take
+first. Once it listens, the proxies in front of it are pointed at those ports; a restarted node
+binds new ones and they are pointed again, so what dials a proxy never sees the change. Nodes are
+killed, paused and resumed by their own pid; `wipe` removes a stopped node's data directory (N8).
 
 Test-only switches the server honours in cluster mode (environment, read at start; the product
 never sets them), used by the negative controls and N3b:
@@ -29,7 +31,7 @@ import sys
 import time
 from urllib.parse import urlsplit
 
-from queen.testing import ServerProcess, free_port
+from queen.testing import ServerProcess
 from tests.cluster.harness.etcd import EtcdCluster
 from tests.cluster.harness.proxy import Proxy
 
@@ -66,9 +68,9 @@ class ClusterNode:
     def __init__(self, node_id: str, work_dir: str, etcd: EtcdCluster):
         self.node_id = node_id
         self.data_dir = os.path.join(work_dir, node_id)
-        self.http_port = free_port()
-        self.replication_port = free_port()
-        self.client_proxy = Proxy(("127.0.0.1", self.http_port), f"client-{node_id}").start()
+        self.http_port: int | None = None  # what the running (or last) process bound
+        self.replication_port: int | None = None
+        self.client_proxy = Proxy(None, f"client-{node_id}").start()
         self.etcd_proxies = [Proxy(("127.0.0.1", member.client_port), f"{node_id}-etcd-{member.name}").start()
                              for member in etcd.members]
         self.dial: dict[str, Proxy] = {}  # leader node id -> the proxy this node dials it through
@@ -109,8 +111,7 @@ class QueenCluster:
         for follower in self.nodes.values():
             for leader in self.nodes.values():
                 if leader is not follower:
-                    follower.dial[leader.node_id] = Proxy(("127.0.0.1", leader.replication_port),
-                                                          f"{follower.node_id}-to-{leader.node_id}").start()
+                    follower.dial[leader.node_id] = Proxy(None, f"{follower.node_id}-to-{leader.node_id}").start()
 
     # -- links -------------------------------------------------------------------------------------
 
@@ -142,7 +143,7 @@ class QueenCluster:
     def _args(self, node: ClusterNode) -> list[str]:
         args = ["--cluster", self.name, "--node", node.node_id,
                 "--etcd", ",".join(p.url for p in node.etcd_proxies), "--advertise", node.url,
-                "--replication-listen", f"127.0.0.1:{node.replication_port}",
+                "--replication-listen", "127.0.0.1:0",
                 "--leader-ttl", str(self.leader_ttl_s)]
         if self.sync_mode:
             args += ["--sync-mode", self.sync_mode]
@@ -152,9 +153,24 @@ class QueenCluster:
         node = self.nodes[node_id]
         dial = {leader: f"127.0.0.1:{proxy.port}" for leader, proxy in node.dial.items()}
         env = {**self.env, **self.node_env.get(node_id, {}), "QUEEN_TEST_REPLICATION_DIAL": json.dumps(dial)}
+        for proxy, member in zip(node.etcd_proxies, self.etcd.members, strict=True):
+            proxy.retarget(("127.0.0.1", member.client_port))  # the ports etcd started on
         node.server = ServerProcess(node.data_dir, *self._args(node), env=env)
-        node.server.start(timeout_s, port=node.http_port)
+        node.server.start(timeout_s)
+        node.http_port, node.replication_port = node.server.port, node.server.replication_port
         node.paused = False
+        node.client_proxy.retarget(("127.0.0.1", node.http_port))
+        for other in self.nodes.values():
+            if other is not node:
+                other.dial[node_id].retarget(("127.0.0.1", node.replication_port))
+
+    def _detach(self, node: ClusterNode) -> None:
+        """The node's process is gone: its proxies refuse new connections (as its dead ports
+        would) rather than dial ports another process may have taken since."""
+        node.client_proxy.retarget(None)
+        for other in self.nodes.values():
+            if other is not node:
+                other.dial[node.node_id].retarget(None)
 
     def start(self) -> QueenCluster:
         for node_id in self.nodes:
@@ -164,6 +180,7 @@ class QueenCluster:
 
     def kill(self, node_id: str) -> None:
         self.nodes[node_id].server.kill()
+        self._detach(self.nodes[node_id])
 
     def pause(self, node_id: str) -> None:
         node = self.nodes[node_id]
@@ -178,7 +195,7 @@ class QueenCluster:
     def restart(self, node_id: str) -> None:
         node = self.nodes[node_id]
         if node.alive():
-            node.server.kill()
+            self.kill(node_id)
         self.start_node(node_id)
 
     def wipe(self, node_id: str) -> None:

@@ -12,9 +12,11 @@ the mode changes. A connection that lost bytes to a blackhole or a cut is reset 
 heals: a real partition delays bytes (TCP retransmits), it never drops some from the middle of a
 stream, so such a stream must not carry on as if whole.
 
-Owns: a listening socket on 127.0.0.1 (a port that stays the same for the proxy's life, so a
-restarted upstream is found again through `upstream`), and for each connection two reader and two
-sender threads. Nothing here sleeps for time to pass except a delayed chunk waiting its due time.
+Owns: a listening socket on 127.0.0.1 (a port that stays the same for the proxy's life), the
+upstream it dials for each new connection, which `retarget` changes (a restarted node binds new
+ports: the proxy is pointed at them, and the dialing side never sees the change), and for each
+connection two reader and two sender threads. Nothing here sleeps for time to pass except a
+delayed chunk waiting its due time.
 """
 
 from __future__ import annotations
@@ -147,9 +149,11 @@ class _Link:
 
 
 class Proxy:
-    """`Proxy(("127.0.0.1", upstream_port)).start()`; dial `proxy.port` instead of the upstream."""
+    """`Proxy(("127.0.0.1", upstream_port)).start()`; dial `proxy.port` instead of the upstream.
+    With no upstream (None: not started yet, or stopped) a new connection is refused, as a dead
+    upstream's would be."""
 
-    def __init__(self, upstream: tuple[str, int], name: str = ""):
+    def __init__(self, upstream: tuple[str, int] | None, name: str = ""):
         self.upstream = upstream
         self.name = name
         self._modes = {UP: (PASS, 0), DOWN: (PASS, 0)}
@@ -197,6 +201,11 @@ class Proxy:
         for link in links:
             link.close(reset=True)
 
+    def retarget(self, upstream: tuple[str, int] | None) -> None:
+        """Dial `upstream` for every connection from now on (None: refuse them). Open connections
+        keep the upstream they have."""
+        self.upstream = upstream
+
     def _set(self, up: str, down: str, delay_ms: int = 0) -> None:
         with self._lock:
             self._reset_all = False
@@ -240,8 +249,12 @@ class Proxy:
                 continue
             upstream = None
             if self._modes[UP][0] != BLACKHOLE:
+                target = self.upstream
+                if target is None:
+                    _rst(client)  # nothing to dial: refused, as by a dead upstream
+                    continue
                 try:
-                    upstream = socket.create_connection(self.upstream, timeout=5)
+                    upstream = socket.create_connection(target, timeout=5)
                     upstream.settimeout(None)
                     upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 except OSError:
