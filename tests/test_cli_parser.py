@@ -97,7 +97,7 @@ def completion_script(shell: str) -> str:
 def installed(shell: str) -> str:
     path = shutil.which(shell)
     if path is None:
-        message = f"SKIPPED LOUDLY: {shell} is not installed, so its completion script is not run (apt-get install {shell})"
+        message = f"SKIPPED LOUDLY: {shell} is not installed, so its completion script is not run (apt-get install {shell}; .ci/run does it)"
         print(message, file=sys.stderr)
         pytest.skip(message)
     return path
