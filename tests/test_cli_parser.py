@@ -116,6 +116,9 @@ def test_each_shells_script_knows_every_command_and_its_options(shell):
 def test_the_bash_script_completes_commands_options_and_choices(tmp_path):
     script = tmp_path / "queen.bash"
     script.write_text(completion_script("bash"))
+    for path_option in ("_shtab_queen_serve___data_dir_COMPGEN=_shtab_compgen_dirs",
+                        "_shtab_queen_auth_add___auth_file_COMPGEN=_shtab_compgen_files"):
+        assert path_option in script.read_text()  # a DIR or FILE completes as a path
     bash = installed("bash")
     assert subprocess.run([bash, "-n", str(script)], capture_output=True, timeout=30).returncode == 0
     probe = f"""

@@ -22,7 +22,8 @@ def add_parser(commands) -> None:
                     "completion zsh > ~/.zfunc/_queen, with fpath+=~/.zfunc before compinit in ~/.zshrc; fish: "
                     "queen completion fish > ~/.config/fish/completions/queen.fish. A new shell then completes "
                     "queen's commands and options; print the script again after an upgrade of queen.")
-    completion.add_argument("shell", choices=SHELLS, help="the shell the script is for: bash, zsh or fish")
+    completion.add_argument("shell", choices=SHELLS, metavar="SHELL", help="the shell the script is for: bash, "
+                            "zsh or fish")
     completion.set_defaults(run=_print_script)
 
 
