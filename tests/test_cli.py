@@ -72,6 +72,23 @@ def test_kv_commands_print_for_people_and_json_for_scripts(server):
     assert queen(server, "kv", "delete", "cli", "greeting").returncode == 1
 
 
+def test_a_value_that_begins_like_json_but_is_not_is_refused_unless_string(server):
+    for argv in (("kv", "put", "typo", "typo", '{"a":', "--ttl", "1m"),
+                 ("queue", "push", "typo-jobs", '["a", "b"'),
+                 ("timer", "schedule", "typo-jobs", "t", '"unterminated', "--in", "1h")):
+        refused = queen(server, *argv)
+        assert refused.returncode == 2 and "begins like JSON" in refused.stderr and "--string" in refused.stderr, argv
+    assert queen(server, "kv", "put", "typo", "typo", "-", "--ttl", "1m", stdin='{"a":').returncode == 2
+    assert queen(server, "kv", "get", "typo", "typo").returncode == 1  # nothing was written
+    assert queen(server, "queue", "pop", "typo-jobs").returncode == 1
+    assert queen(server, "timer", "get", "typo-jobs", "t").returncode == 1
+    assert queen(server, "kv", "put", "typo", "typo", '{"a":', "--ttl", "1m", "--string").returncode == 0
+    assert json.loads(queen(server, "kv", "get", "typo", "typo", "--json").stdout)["value"] == '{"a":'
+    for text in ("hello world", "1.2.3", "2026-12-01"):  # text that does not begin like JSON stays a string
+        assert queen(server, "kv", "put", "typo", "text", text, "--ttl", "1m").returncode == 0
+        assert json.loads(queen(server, "kv", "get", "typo", "text", "--json").stdout)["value"] == text
+
+
 def test_errors_have_their_own_exit_codes(server):
     rejected = queen(server, "kv", "put", "queen-locks", "x", "1", "--ttl", "60")
     assert rejected.returncode == 65 and "reserved_namespace" in rejected.stderr
@@ -237,6 +254,23 @@ def test_queue_commands_configure_push_pop_ack_list_and_dlq(server):
     assert queen(server, "queue", "dlq", "cli-orders", "--requeue").stdout.strip() == "requeued 1"
     assert json.loads(queen(server, "queue", "pop", "cli-orders", "--auto-ack", "--json").stdout)["messages"][0]["offset"] == 0
     assert queen(server, "queue", "push", "queen-reserved", "1").returncode == 65
+
+
+def test_queue_pop_puts_the_lease_on_stderr_for_people_and_only_json_on_stdout_with_json(server):
+    for partition in ("a", "b"):
+        assert queen(server, "queue", "push", "pop-jobs", f'"{partition}"', "--partition", partition).returncode == 0
+    scripted = queen(server, "queue", "pop", "pop-jobs", "--json")
+    assert scripted.returncode == 0 and scripted.stderr == ""
+    delivery = json.loads(scripted.stdout)
+    assert delivery["leaseId"] > 0 and [m["data"] for m in delivery["messages"]] in (["a"], ["b"])
+    person = queen(server, "queue", "pop", "pop-jobs")
+    assert person.returncode == 0 and person.stdout.count("\n") == 1
+    assert person.stderr.startswith("lease ") and "queen queue ack pop-jobs --lease " in person.stderr
+    empty = queen(server, "queue", "pop", "pop-jobs", "--json")
+    assert (empty.returncode, empty.stderr, json.loads(empty.stdout)["messages"]) == (1, "", [])
+    helptext = " ".join(queen(server, "queue", "pop", "--help").stdout.split())
+    assert "on stderr the lease id" in helptext and "With --json: one JSON object on stdout" in helptext
+    assert "nothing on stderr but warnings and errors" in helptext
 
 
 def test_timer_commands_schedule_move_get_list_cancel_and_fire(server):

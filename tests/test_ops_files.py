@@ -1,7 +1,8 @@
 """What ships for operators stays true to the code: the systemd unit (systemd's own checks, its
 hardening score, the exit statuses it stops retrying on, its stop timeout against the shutdown grace),
 the example settings file (exactly the settings queen/config.py knows, at their defaults), and the
-Containerfile (numeric user, a health check that works without curl, grace below the stop timeout)."""
+Containerfile (numeric user, a health check that works without curl, grace below the stop timeout,
+a core compiled in a build stage of its own)."""
 
 import json
 import re
@@ -118,8 +119,8 @@ def test_the_env_example_shows_each_default_or_what_the_unit_sets():
         assert shown == expected, name
 
 
-# The Containerfile is read, not built: building needs its base image from docker.io, which a test
-# machine may not reach, and running it needs a container runtime allowed to set cgroups and rlimits.
+# The Containerfile is read here, not built: .ci/image builds and runs it where podman can (it needs
+# a base image, a runtime allowed to start a container, and minutes of CPU).
 def containerfile() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
     lines = [line for line in CONTAINERFILE.read_text().splitlines() if not line.lstrip().startswith("#")]
@@ -129,6 +130,34 @@ def containerfile() -> list[tuple[str, str]]:
 
 def instruction(name: str) -> list[str]:
     return [args for kind, args in containerfile() if kind == name]
+
+
+def stages() -> list[list[tuple[str, str]]]:
+    """The build's stages in order, each its instructions from its FROM on."""
+    found: list[list[tuple[str, str]]] = []
+    for kind, args in containerfile():
+        if kind == "FROM":
+            found.append([])
+        if found:
+            found[-1].append((kind, args))
+    return found
+
+
+def test_the_image_runs_a_core_compiled_in_a_stage_of_its_own_with_a_compiler():
+    """The slim base has no C compiler, so a one-stage build silently installed the pure-Python core.
+    A build stage adds one and installs there, setup.py (which compiles) included; the image copies
+    that and refuses to build unless its core is the compiled one."""
+    assert len(stages()) >= 2, "one stage: nothing compiles the core"
+    *_, build, image = stages()
+    build_from, alias = re.fullmatch(r"(\S+)\s+AS\s+(\S+)", build[0][1], re.IGNORECASE).groups()
+    assert image[0][1] == build_from  # one base: the environment's Python is where it was built
+    build_runs = " ".join(args for kind, args in build if kind == "RUN")
+    assert re.search(r"apt-get install .*\bgcc\b", build_runs)
+    assert any(kind == "COPY" and "setup.py" in args.split() for kind, args in build)
+    assert any(kind == "COPY" and args.startswith(f"--from={alias} ") for kind, args in image)
+    image_runs = " ".join(args for kind, args in image if kind == "RUN")
+    assert "gcc" not in image_runs and "_native.COMPILED" in image_runs
+    assert "QUEEN_PURE" not in CONTAINERFILE.read_text()
 
 
 def key_values(args: str) -> dict[str, str]:

@@ -1,15 +1,18 @@
 """The `queen` command: one module per command family, each owning its parser and its handlers.
 
-  serve.py    `queen serve`: settings resolved once (flags over QUEEN_* over defaults), the broker
-  auth.py     `queen auth ...`: tokens in an auth file
-  check.py    `queen check`: a data directory verified offline, as recovery would
-  backup.py   `queen backup` and `queen restore`: a running server's state into a file, and back
-  kv.py       `queen kv ...`
-  lock.py     `queen lock ...` and `queen run-locked`
-  queue.py    `queen queue ...`
-  timer.py    `queen timer ...`
-  cluster.py  `queen cluster status|switchover|force-promote`: a cluster's nodes, over HTTP
-  output.py   what client commands share: exit statuses, options, printing, running a handler
+  serve.py       `queen serve`: settings resolved once (flags over QUEEN_* over defaults), the broker
+  auth.py        `queen auth ...`: tokens in an auth file
+  check.py       `queen check`: a data directory verified offline, as recovery would
+  backup.py      `queen backup` and `queen restore`: a running server's state into a file, and back
+  kv.py          `queen kv ...`
+  lock.py        `queen lock ...` and `queen run-locked`
+  queue.py       `queen queue ...`
+  timer.py       `queen timer ...`
+  cluster.py     `queen cluster status|switchover|force-promote`: a cluster's nodes, over HTTP
+  completion.py  `queen completion bash|zsh|fish`: a tab-completion script
+  output.py      what client commands share: exit statuses, options, printing, running a handler
+  parser.py      the argument parser every command uses: usage errors with their command's usage
+                 and a suggestion
 
 Client commands use the SDK's public API only, and import it when they run, so `queen serve`
 never loads the SDK and a client command never loads the server.
@@ -21,14 +24,27 @@ import argparse
 import sys
 
 from queen import __version__
-from queen.cli import auth, backup, check, cluster, kv, lock, output, queue, serve, timer
+from queen.cli import (
+    auth,
+    backup,
+    check,
+    cluster,
+    completion,
+    kv,
+    lock,
+    output,
+    queue,
+    serve,
+    timer,
+)
+from queen.cli.parser import QueenParser
 from queen.cli.serve import resolve_config
 
 __all__ = ["build_parser", "main", "resolve_config"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = QueenParser(
         prog="queen", description="Queen: durable KV, leased locks with fencing tokens, partitioned queues, timers and "
                                   "transactions, over HTTP.")
     parser.add_argument("--version", action="version", version=f"queen {__version__}")
@@ -38,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_parser(commands)
     backup.add_parser(commands)
     cluster.add_parser(commands)
+    completion.add_parser(commands)
     parents = output.parents()
     for family in (kv, lock, queue, timer):
         family.add_parser(commands, parents)

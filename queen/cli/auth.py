@@ -27,7 +27,8 @@ def add_parser(commands) -> None:
     file_help = "the auth file [env QUEEN_AUTH_FILE]"
     add = actions.add_parser("add", help="create a token and print its secret once")
     add.add_argument("name", help="what the token is for (shown in logs and listings): 1-64 printable characters")
-    add.add_argument("--role", required=True, choices=ROLES)
+    add.add_argument("--role", required=True, choices=ROLES, help="what it may do: reader reads; writer "
+                     "also writes; admin also deletes, purges and pauses")
     add.add_argument("--tenant", default="default", help="the tenant whose names it uses (default: default); "
                                                          "'*' for the server's operators")
     add.add_argument("--auth-file", metavar="FILE", help=file_help + "; created if missing")
@@ -38,7 +39,7 @@ def add_parser(commands) -> None:
     listing.set_defaults(run=_list)
     remove = actions.add_parser("remove", help="remove a token (by name); it stops working at the server's next "
                                                "SIGHUP or restart")
-    remove.add_argument("name")
+    remove.add_argument("name", help="the token's name, as `queen auth list` shows it")
     remove.add_argument("--auth-file", metavar="FILE", help=file_help)
     remove.set_defaults(run=_remove)
 

@@ -7,6 +7,8 @@ import json
 from queen.cli.output import (
     EXIT_NO,
     EXIT_OK,
+    STRING_HELP,
+    VALUE_HELP,
     open_client,
     print_json,
     read_value,
@@ -21,32 +23,33 @@ def add_parser(commands, parents: dict) -> None:
                              "Exit status: 0 done, 1 not found / not applied, 65 rejected, 69 unreachable.")
     actions = kv.add_subparsers(dest="action", metavar="ACTION", required=True)
     get = actions.add_parser("get", parents=[client], help="print a key's value")
-    get.add_argument("ns")
-    get.add_argument("key")
+    get.add_argument("ns", help="the namespace: 1-128 bytes")
+    get.add_argument("key", help="the key: 1-1024 bytes")
     get.set_defaults(handler=kv_get)
     put = actions.add_parser("put", parents=[client, lifetime], help="write a key")
-    put.add_argument("ns")
-    put.add_argument("key")
-    put.add_argument("value", help="JSON, or any other text as a string; - reads stdin")
-    put.add_argument("--string", action="store_true", help="store VALUE as a string even if it parses as JSON")
+    put.add_argument("ns", help="the namespace: 1-128 bytes")
+    put.add_argument("key", help="the key: 1-1024 bytes")
+    put.add_argument("value", help=VALUE_HELP)
+    put.add_argument("--string", action="store_true", help=STRING_HELP)
     put.add_argument("--expect", type=int, metavar="VERSION", help="only if the key's version is this (0 = absent)")
     put.add_argument("--if-absent", action="store_true", help="only if the key does not exist")
     put.set_defaults(handler=kv_put)
     delete = actions.add_parser("delete", parents=[client], help="delete a key")
-    delete.add_argument("ns")
-    delete.add_argument("key")
+    delete.add_argument("ns", help="the namespace: 1-128 bytes")
+    delete.add_argument("key", help="the key: 1-1024 bytes")
     delete.add_argument("--expect", type=int, metavar="VERSION", help="only if the key's version is this")
     delete.set_defaults(handler=kv_delete)
     incr = actions.add_parser("incr", parents=[client, lifetime], help="add to a counter, within bounds")
-    incr.add_argument("ns")
-    incr.add_argument("key")
-    incr.add_argument("--by", type=int, default=1, metavar="N")
+    incr.add_argument("ns", help="the namespace: 1-128 bytes")
+    incr.add_argument("key", help="the key: 1-1024 bytes")
+    incr.add_argument("--by", type=int, default=1, metavar="N", help="what to add; negative subtracts "
+                      "(default: 1)")
     incr.add_argument("--max", type=int, metavar="N", help="do not go above")
     incr.add_argument("--min", type=int, metavar="N", help="do not go below")
     incr.set_defaults(handler=kv_incr)
     listing = actions.add_parser("list", parents=[client], help="list keys by prefix (--json: one object a line)")
-    listing.add_argument("ns")
-    listing.add_argument("--prefix", default="")
+    listing.add_argument("ns", help="the namespace: 1-128 bytes")
+    listing.add_argument("--prefix", default="", help="only keys that start with this (default: every key)")
     listing.add_argument("--limit", type=int, metavar="N", help="stop after N keys")
     listing.set_defaults(handler=kv_list)
 

@@ -23,6 +23,8 @@ from queen.cli.output import (
 )
 
 RUN_LOCKED_USAGE = "queen run-locked NAME --ttl DURATION [--wait DURATION] -- CMD [ARGS...]"
+NAME_HELP = "the lock's name: 1-256 bytes, no '#'"
+TTL_HELP = "the lease: 30s, 5m, 2h or seconds (at most 90d); it ends then unless renewed"
 
 
 def add_parser(commands, parents: dict) -> None:
@@ -32,28 +34,33 @@ def add_parser(commands, parents: dict) -> None:
                                            "75 held by somebody else, 65 rejected, 69 unreachable.")
     actions = lock.add_subparsers(dest="action", metavar="ACTION", required=True)
     acquire = actions.add_parser("acquire", parents=[client], help="take a lock (exit 75 if held)")
-    acquire.add_argument("name")
-    acquire.add_argument("--ttl", required=True, metavar="DURATION")
+    acquire.add_argument("name", help=NAME_HELP)
+    acquire.add_argument("--ttl", required=True, metavar="DURATION", help=TTL_HELP)
     acquire.add_argument("--wait", metavar="DURATION", help="wait up to this long (at most 60s, or 'forever': asked "
                          "again every 60s, keeping its place in line) for a permit")
     acquire.add_argument("--owner", help="who holds it (default: host:pid:random)")
-    acquire.add_argument("--limit", type=int, default=1, metavar="N", help="permits, for a semaphore")
+    acquire.add_argument("--limit", type=int, default=1, metavar="N", help="permits, for a semaphore: "
+                         "1-1024 (default: 1, a plain lock)")
     acquire.set_defaults(handler=lock_acquire)
     for action, handler, helptext in (("renew", lock_renew, "extend a lease (prints the new token)"),
                                       ("release", lock_release, "give a permit back")):
         sub = actions.add_parser(action, parents=[client], help=helptext)
-        sub.add_argument("name")
+        sub.add_argument("name", help=NAME_HELP)
         sub.add_argument("--token", type=int, required=True, help="the token of the last answer")
-        sub.add_argument("--slot", type=int, default=0)
-        sub.add_argument("--owner")
+        sub.add_argument("--slot", type=int, default=0, help="the permit's slot, as the acquire printed it "
+                         "(default: 0, a plain lock's only one)")
+        sub.add_argument("--owner", help="the owner it was acquired with: makes a retry safe, and a token of "
+                         "that owner's that a renew already replaced still counts (default: none)")
         if action == "renew":
-            sub.add_argument("--ttl", required=True, metavar="DURATION")
+            sub.add_argument("--ttl", required=True, metavar="DURATION", help="the new lifetime, from now: "
+                             "30s, 5m, 2h or seconds (at most 90d)")
         sub.set_defaults(handler=handler)
     status = actions.add_parser("status", parents=[client], help="who holds a lock: since, renewed, expires")
-    status.add_argument("name")
+    status.add_argument("name", help=NAME_HELP)
     status.set_defaults(handler=lock_status)
     every = actions.add_parser("list", parents=[client], help="every held permit (--json: one object a line)")
-    every.add_argument("--prefix", default="")
+    every.add_argument("--prefix", default="", help="only locks whose name starts with this (default: every "
+                       "lock)")
     every.set_defaults(handler=lock_list)
 
     run_locked = commands.add_parser(
@@ -65,12 +72,13 @@ def add_parser(commands, parents: dict) -> None:
                     "SIGHUP are passed on to CMD. Exits with CMD's status (128+N if killed by signal N; never 0 "
                     "when the lock was lost under it), 75 when somebody else holds the lock, 69 when the broker "
                     "cannot be reached.")
-    run_locked.add_argument("name")
+    run_locked.add_argument("name", help=NAME_HELP)
     run_locked.add_argument("--ttl", required=True, metavar="DURATION", help="the lease; renewed every third of it")
     run_locked.add_argument("--wait", metavar="DURATION", help="wait up to this long for the lock, or 'forever' "
                             "(default: do not wait)")
     run_locked.add_argument("--owner", help="who holds it (default: host:pid:random)")
-    run_locked.add_argument("--limit", type=int, default=1, metavar="N", help="permits, for a semaphore")
+    run_locked.add_argument("--limit", type=int, default=1, metavar="N", help="permits, for a semaphore: "
+                            "1-1024 (default: 1, a plain lock)")
     run_locked.add_argument("--grace", default="10s", metavar="DURATION", help="between SIGTERM and SIGKILL (default: 10s)")
     run_locked.set_defaults(handler=run_locked_command, cmd=[])
 

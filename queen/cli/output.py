@@ -186,13 +186,27 @@ def show_value(value) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+# How a VALUE that is meant as JSON begins: an object, an array or a string. Text that begins
+# otherwise and is not JSON is a string as typed (hello, 1.2.3, 2026-12-01).
+JSON_OPENERS = ("{", "[", '"')
+VALUE_HELP = ("JSON, or any other text as a string (text that begins with {, [ or \" must be JSON, "
+              "or give --string); - reads stdin")
+STRING_HELP = "take VALUE as a string as it is, even if it is JSON or begins like JSON"
+
+
 def read_value(args):
     """The command's VALUE: JSON, or any other text as a string (as a shell user means it); `-`
-    reads stdin; --string takes it as a string whatever it is."""
+    reads stdin; --string takes it as a string whatever it is. Text that begins like JSON (an
+    object, an array, a string) but does not parse is refused, a ValueError: `{"a":` is a typo or
+    a value cut short, which stored as a string would only surface when something reads it."""
     raw = sys.stdin.read() if args.value == "-" else args.value
     if args.string:
         return raw
     try:
         return json.loads(raw)
-    except ValueError:
+    except ValueError as error:
+        if raw.lstrip().startswith(JSON_OPENERS):
+            shown = raw if len(raw) <= 40 else raw[:40] + "..."
+            raise ValueError(f"VALUE {shown!r} begins like JSON but is not JSON ({error}); correct it, "
+                             "or give --string to take it as a string") from None
         return raw

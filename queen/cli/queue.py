@@ -16,6 +16,8 @@ from queen.cli.output import (
     EXIT_NO,
     EXIT_OK,
     EXIT_USAGE,
+    STRING_HELP,
+    VALUE_HELP,
     iso,
     open_client,
     print_json,
@@ -26,6 +28,7 @@ from queen.cli.output import (
 )
 
 CONSUME_USAGE = "queen queue consume QUEUE [--group G] [--concurrency N] [--dlq-exit-code CODE] -- CMD [ARGS...]"
+QUEUE_HELP = "the queue's name: 1-128 bytes"
 # How many of a failed command's stderr bytes are kept for its error (the ack's error holds 1 KiB).
 ERROR_TAIL_BYTES = 1024
 
@@ -50,47 +53,71 @@ def add_parser(commands, parents: dict) -> None:
     actions = queue.add_subparsers(dest="action", metavar="ACTION", required=True)
     configure = actions.add_parser("configure", parents=[client], help="create a queue or change its options "
                                    "(those not given keep their value); prints every option")
-    configure.add_argument("queue")
-    configure.add_argument("--lease-time", metavar="DURATION", help="lease a pop grants (default 5m)")
-    configure.add_argument("--retry-limit", type=int, metavar="N", help="redeliveries before the DLQ (default 3)")
+    configure.add_argument("queue", help=QUEUE_HELP)
+    configure.add_argument("--lease-time", metavar="DURATION", help="the lease a pop grants: 1s to 1d "
+                           "(default 5m)")
+    configure.add_argument("--retry-limit", type=int, metavar="N", help="redeliveries before the DLQ: 0-1000 "
+                           "(default 3)")
     configure.add_argument("--dlq", action=argparse.BooleanOptionalAction, default=None,
                            help="past the retry limit, to the DLQ (default) or redeliver until retention")
-    configure.add_argument("--delay", metavar="DURATION", help="a message is delivered this long after its push")
-    configure.add_argument("--retention", metavar="DURATION", help="remove messages this old, consumed or not")
-    configure.add_argument("--completed-retention", metavar="DURATION", help="keep consumed messages this long")
-    configure.add_argument("--dedup-window", metavar="DURATION", help="how long a transaction id stays known (default 15m)")
-    configure.add_argument("--max-size", type=int, metavar="N", help="retained messages at most (0: the server's limit)")
+    configure.add_argument("--delay", metavar="DURATION", help="a message is delivered this long after its "
+                           "push: up to 7d (default 0)")
+    configure.add_argument("--retention", metavar="DURATION", help="remove messages this old, consumed or "
+                           "not: up to 365d (default 0: never)")
+    configure.add_argument("--completed-retention", metavar="DURATION", help="keep messages every group "
+                           "consumed this long: up to 365d (default 0: remove them at once)")
+    configure.add_argument("--dedup-window", metavar="DURATION", help="how long a transaction id "
+                           "stays known: 1s to 7d (default 15m)")
+    configure.add_argument("--max-size", type=int, metavar="N", help="retained messages at most, the "
+                           "DLQ included: 0-100000000 (default 1000000; 0: the server's limit)")
     configure.set_defaults(handler=queue_configure)
     push = actions.add_parser("push", parents=[client], help="append a message")
-    push.add_argument("queue")
-    push.add_argument("value", help="JSON, or any other text as a string; - reads stdin")
-    push.add_argument("--partition", help='default "Default"')
+    push.add_argument("queue", help=QUEUE_HELP)
+    push.add_argument("value", help="the message's payload: " + VALUE_HELP)
+    push.add_argument("--partition", help='the partition to append to: 1-256 bytes (default "Default")')
     push.add_argument("--transaction-id", help="makes the push idempotent (one is generated if not given)")
-    push.add_argument("--string", action="store_true", help="push VALUE as a string even if it parses as JSON")
+    push.add_argument("--string", action="store_true", help=STRING_HELP)
     push.set_defaults(handler=queue_push)
-    pop = actions.add_parser("pop", parents=[client], help="take messages under a lease (prints the lease id on stderr)")
-    pop.add_argument("queue")
-    pop.add_argument("--partition", help="only this partition")
+    pop = actions.add_parser(
+        "pop", parents=[client], help="take messages under a lease",
+        description="Take up to --batch messages of one partition under one lease. For people: one message a "
+                    "line on stdout (partition, offset, payload, and its retry count once redelivered), and on "
+                    "stderr the lease id, when it ends and the `queen queue ack` to settle them with (no lease "
+                    "with --auto-ack). With --json: one JSON object on stdout, the lease id (leaseId) and its "
+                    "end (expiresAt) in it with the messages, and nothing on stderr but warnings and errors. "
+                    "Exit status: 0 delivered, 1 nothing to deliver (--json: messages is empty), 65 rejected, "
+                    "69 unreachable.")
+    pop.add_argument("queue", help=QUEUE_HELP)
+    pop.add_argument("--partition", help="only this partition (default: any with a message "
+                     "the group may take)")
     pop.add_argument("--group", help="consumer group (default __QUEUE_MODE__)")
-    pop.add_argument("--batch", type=int, default=1, metavar="N")
+    pop.add_argument("--batch", type=int, default=1, metavar="N", help="messages at most, all of one "
+                     "partition, under one lease: 1-1000 (default: 1)")
     pop.add_argument("--wait", metavar="DURATION", help="wait up to this long (at most 60s, or 'forever') for a "
                      "message")
     pop.add_argument("--auto-ack", action="store_true", help="resolve them at once: at most once, no lease")
     pop.set_defaults(handler=queue_pop)
     ack = actions.add_parser("ack", parents=[client], help="acknowledge a delivered message")
-    ack.add_argument("queue")
-    ack.add_argument("--lease", type=int, required=True, metavar="ID", help="the lease id the pop printed")
-    ack.add_argument("--partition-id", type=int, required=True, metavar="ID")
-    ack.add_argument("--offset", type=int, required=True, metavar="N")
-    ack.add_argument("--status", choices=("completed", "failed", "dlq"), default="completed")
-    ack.add_argument("--error", help="kept with a DLQ entry")
+    ack.add_argument("queue", help=QUEUE_HELP)
+    ack.add_argument("--lease", type=int, required=True, metavar="ID", help="the lease id the pop printed (leaseId "
+                     "with --json)")
+    ack.add_argument("--partition-id", type=int, required=True, metavar="ID", help="the message's "
+                     "partitionId, as the pop printed it")
+    ack.add_argument("--offset", type=int, required=True, metavar="N", help="the message's offset in its "
+                     "partition, as the pop printed it")
+    ack.add_argument("--status", choices=("completed", "failed", "dlq"), default="completed",
+                     help="completed: done; failed: it comes back after the retry delay, up to the retry "
+                          "limit; dlq: to the dead-letter queue now (default: completed)")
+    ack.add_argument("--error", help="why it failed (with failed or dlq), kept with its "
+                     "DLQ entry (default: none)")
     ack.add_argument("--group", help="the consumer group (default: the lease's)")
     ack.set_defaults(handler=queue_ack)
     listing = actions.add_parser("list", parents=[client], help="every queue with its counts (--json: one object a line)")
-    listing.add_argument("--prefix", default="")
+    listing.add_argument("--prefix", default="", help="only queues whose name starts with this (default: "
+                         "every queue)")
     listing.set_defaults(handler=queue_list)
     dlq = actions.add_parser("dlq", parents=[client], help="list a queue's dead letters, or --requeue / --purge them")
-    dlq.add_argument("queue")
+    dlq.add_argument("queue", help=QUEUE_HELP)
     dlq.add_argument("--group", help="only this consumer group's")
     what = dlq.add_mutually_exclusive_group()
     what.add_argument("--requeue", action="store_true", help="put every entry back, first in its partition")
@@ -107,7 +134,7 @@ def add_parser(commands, parents: dict) -> None:
                     "A broker restart is waited out. SIGTERM or Ctrl-C: no new message, running commands get "
                     "--grace to finish, the rest goes back to the queue with its retry count unchanged; exit 0 "
                     "after SIGTERM, 130 after Ctrl-C.")
-    consume.add_argument("queue")
+    consume.add_argument("queue", help=QUEUE_HELP)
     consume.add_argument("--group", help="consumer group (default __QUEUE_MODE__)")
     consume.add_argument("--concurrency", type=int, default=1, metavar="N", help="commands running at once "
                          "(each its own lease; default 1)")
@@ -117,7 +144,7 @@ def add_parser(commands, parents: dict) -> None:
     consume.add_argument("--grace", default="10s", metavar="DURATION", help="how long running commands get to "
                          "finish after SIGTERM or Ctrl-C (default 10s)")
     consume.add_argument("--dlq-exit-code", type=int, default=None, metavar="CODE", help="this exit status sends "
-                         "the message to the DLQ at once")
+                         "the message to the DLQ at once (default: none)")
     consume.set_defaults(handler=queue_consume, cmd=[])
 
 
@@ -152,8 +179,9 @@ async def queue_configure(args) -> int:
 
 
 async def queue_push(args) -> int:
+    value = read_value(args)
     async with open_client(args) as client:
-        result = await client.queue(args.queue).push(read_value(args), partition=args.partition,
+        result = await client.queue(args.queue).push(value, partition=args.partition,
                                                      transaction_id=args.transaction_id)
     if args.json:
         print_json({"status": result.status, "queue": result.queue, "partition": result.partition,

@@ -8,6 +8,8 @@ from datetime import datetime
 from queen.cli.output import (
     EXIT_NO,
     EXIT_OK,
+    STRING_HELP,
+    VALUE_HELP,
     iso,
     open_client,
     print_json,
@@ -17,6 +19,8 @@ from queen.cli.output import (
 )
 
 HORIZON_S = 365 * 86_400  # the server takes a timer at most this far ahead
+QUEUE_HELP = "the queue its message goes to: 1-128 bytes"
+KEY_HELP = "the timer's key in that queue: 1-1024 bytes"
 
 
 def add_parser(commands, parents: dict) -> None:
@@ -32,9 +36,9 @@ def add_parser(commands, parents: dict) -> None:
                                               "for one that fires once per period (--every may take --in or --at "
                                               "for its first time). Each period's message has the transactionId "
                                               "<transaction id or KEY>@<period ms>.")
-    schedule.add_argument("queue")
-    schedule.add_argument("key")
-    schedule.add_argument("value", help="the message's payload: JSON, or any other text as a string; - reads stdin")
+    schedule.add_argument("queue", help=QUEUE_HELP)
+    schedule.add_argument("key", help=KEY_HELP)
+    schedule.add_argument("value", help="the message's payload: " + VALUE_HELP)
     when = schedule.add_mutually_exclusive_group()
     when.add_argument("--in", dest="delay", metavar="DURATION", help="fire this long from now: 30s, 15m, 2h, 7d")
     when.add_argument("--at", metavar="TIME", help="fire at this time: ISO 8601 (2026-12-01T09:00:00Z) or ms since "
@@ -45,21 +49,23 @@ def add_parser(commands, parents: dict) -> None:
     recurring.add_argument("--every", metavar="DURATION", help="fire once per period: 30s, 15m, 1h (1s to 365d)")
     schedule.add_argument("--timezone", metavar="TZ", help="the IANA time zone --cron is read in (Europe/Berlin); "
                                                            "default UTC")
-    schedule.add_argument("--partition", help='default "Default"')
+    schedule.add_argument("--partition", help='the partition its message goes to: 1-256 bytes (default '
+                                              '"Default")')
     schedule.add_argument("--transaction-id", help="the message's transactionId (deduplicated in its partition)")
-    schedule.add_argument("--string", action="store_true", help="take VALUE as a string even if it parses as JSON")
+    schedule.add_argument("--string", action="store_true", help=STRING_HELP)
     schedule.set_defaults(handler=timer_schedule)
     for action, handler, helptext in (
             ("cancel", timer_cancel, "cancel a pending timer (exit 1 if none was pending: it may have fired)"),
             ("get", timer_get, "show a pending timer, payload included")):
         sub = actions.add_parser(action, parents=[client], help=helptext)
-        sub.add_argument("queue")
-        sub.add_argument("key")
+        sub.add_argument("queue", help=QUEUE_HELP)
+        sub.add_argument("key", help=KEY_HELP)
         sub.set_defaults(handler=handler)
     listing = actions.add_parser("list", parents=[client], help="a queue's pending timers in key order (--json: one "
                                  "object a line)")
-    listing.add_argument("queue")
-    listing.add_argument("--prefix", default="")
+    listing.add_argument("queue", help=QUEUE_HELP)
+    listing.add_argument("--prefix", default="", help="only timers whose key starts with this (default: "
+                         "every timer)")
     listing.add_argument("--limit", type=int, metavar="N", help="stop after N timers")
     listing.set_defaults(handler=timer_list)
 
@@ -125,8 +131,9 @@ async def timer_schedule(args) -> int:
     if args.every is not None and not 1 <= seconds(args.every, "--every") <= HORIZON_S:
         raise ValueError(f"--every {args.every}: a period is from 1s to 365 days (365d)")
     when = {"at": _at(args.at)} if args.at is not None else {"delay": args.delay} if args.delay is not None else {}
+    value = read_value(args)
     async with open_client(args) as client:
-        result = await client.timers.schedule(args.queue, args.key, read_value(args), partition=args.partition,
+        result = await client.timers.schedule(args.queue, args.key, value, partition=args.partition,
                                               transaction_id=args.transaction_id, cron=args.cron,
                                               timezone=args.timezone, every=args.every, **when)
     if args.json:
