@@ -4,7 +4,6 @@ does not trust: give the CA (`ca_file=` or QUEEN_CA_FILE in the SDK, `--ca-file`
 The TLS cases use a throwaway CA made by the openssl command and a real `queen serve` over HTTPS."""
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -12,10 +11,11 @@ import pytest
 
 import queen_client
 from queen.testing import ServerProcess, free_port, make_server_cert, make_test_ca
+from tests import system_tools
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None,
-                                   reason="needs the openssl command (apt-get install openssl) to make a test CA")
+needs_openssl = pytest.mark.skipif(system_tools.find("openssl") is None,
+                                   reason=system_tools.missing_message("openssl", "the TLS hint tests (a test CA)"))
 
 
 def queen(*args: str) -> subprocess.CompletedProcess:

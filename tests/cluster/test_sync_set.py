@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests import system_tools
 from tests.cluster.harness.etcd import EtcdCluster
 from tests.cluster.harness.load import LoadProcess
 from tests.cluster.harness.nodes import QueenCluster, cluster_supported
@@ -74,10 +74,10 @@ def metric(url: str, name: str) -> str:
 
 
 def promtool_accepts(text: str) -> None:
-    promtool = shutil.which("promtool")
+    promtool = system_tools.find("promtool")
     if promtool is None:
-        print("SKIPPED LOUDLY: promtool is not installed, so a cluster node's /metrics was not checked by "
-              "`promtool check metrics` (apt-get install prometheus)", file=sys.stderr)
+        print(system_tools.missing_message("promtool", "`promtool check metrics` on a cluster node's /metrics"),
+              file=sys.stderr)
         return
     done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
