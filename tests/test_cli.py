@@ -321,3 +321,37 @@ def test_timer_schedule_recurring_with_cron_or_every(server):
                           (("--cron", "0 9 * * *", "--timezone", "Europe/Atlantis"), "unknown_timezone")):
         answer = queen(server, "timer", "schedule", "cli-recurring", "k", "1", *refused)
         assert answer.returncode == 65 and code in answer.stderr, answer.stderr
+
+
+@pytest.mark.parametrize("inner, status", [
+    (KeyboardInterrupt(), 130),  # a Ctrl-C that lands while a nursery's task opens the connection
+    ("bad-request", 65),
+    (ValueError("--wait 2m: too long"), 2),
+])
+def test_an_error_a_nursery_wrapped_in_a_group_gets_its_own_exit_status(inner, status, capsys):
+    import argparse
+
+    from queen.cli.output import run
+    from queen_client.errors import BadRequestError
+
+    if inner == "bad-request":
+        inner = BadRequestError(400, "invalid_ttl", "ttlSeconds must be a whole number")
+
+    async def handler(args):
+        raise BaseExceptionGroup("from a nursery", [BaseExceptionGroup("nested", [inner])])
+
+    assert run(argparse.Namespace(handler=handler)) == status
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+
+
+def test_a_group_of_several_errors_is_not_hidden():
+    import argparse
+
+    from queen.cli.output import run
+
+    async def handler(args):
+        raise ExceptionGroup("two tasks failed", [ValueError("a"), RuntimeError("b")])
+
+    with pytest.raises(ExceptionGroup):
+        run(argparse.Namespace(handler=handler))

@@ -72,26 +72,40 @@ def run(args: argparse.Namespace) -> int:
     sdk_warnings = _sdk_warnings_to_stderr()
     try:
         return anyio.run(args.handler, args, backend="trio")
-    except KeyboardInterrupt:
-        print("queen: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        _quiet_stdout()
-        return EXIT_BROKEN_PIPE
-    except (ValueError, TypeError) as error:
-        print(f"queen: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except BadRequestError as error:
-        print(f"queen: rejected: {error.code}: {error.message}", file=sys.stderr)
-        return EXIT_REJECTED
-    except CannotConnect as error:
-        print(f"queen: cannot connect to {error.url}: {error.cause}; {connect_hint(error.certificate, error.cause)}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    except ClientError as error:  # unreachable, 503, or an answer we could not use
-        print(f"queen: {error}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+    except BaseException as raised:  # noqa: BLE001 - each known kind becomes its status; the rest goes on up
+        # Trio wraps what a task of a nursery raised in an exception group (a Ctrl-C that lands
+        # while a connection is being opened, an SDK error from a task); one error is one error.
+        error = _sole(raised)
+        if isinstance(error, KeyboardInterrupt):
+            print("queen: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if isinstance(error, BrokenPipeError):
+            _quiet_stdout()
+            return EXIT_BROKEN_PIPE
+        if isinstance(error, (ValueError, TypeError)):
+            print(f"queen: {error}", file=sys.stderr)
+            return EXIT_USAGE
+        if isinstance(error, BadRequestError):
+            print(f"queen: rejected: {error.code}: {error.message}", file=sys.stderr)
+            return EXIT_REJECTED
+        if isinstance(error, CannotConnect):
+            print(f"queen: cannot connect to {error.url}: {error.cause}; "
+                  f"{connect_hint(error.certificate, error.cause)}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        if isinstance(error, ClientError):  # unreachable, 503, or an answer we could not use
+            print(f"queen: {error}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        raise
     finally:
         logging.getLogger("queen_client").removeHandler(sdk_warnings)
+
+
+def _sole(error: BaseException) -> BaseException:
+    """The one exception inside nested exception groups that hold one each; else error itself. A
+    group of several is not unwrapped: it goes on up whole, traceback and all."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
 
 
 def _sdk_warnings_to_stderr() -> logging.Handler:
