@@ -209,7 +209,11 @@ def test_a_sync_client_leaves_sigterm_and_ctrl_c_as_they_were_while_no_loop_runs
     """A SyncClient made in the main thread holds the process's signal handlers (so loops in other
     threads hear them), but while none runs a signal does what it did before: Ctrl-C raises
     KeyboardInterrupt, SIGTERM ends the process; and close() puts the handlers back."""
+    # What the signals did "before" is set here, not inherited: a CI runner may start the suite with
+    # SIGINT ignored (a shell's background job), and a Ctrl-C that did nothing before does nothing.
     script = ("import signal, sys, time, queen_client\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
               "client = queen_client.SyncClient('http://127.0.0.1:9')\n"
               "try:\n"
               "    signal.raise_signal(signal.SIGINT)\n"
@@ -223,7 +227,10 @@ def test_a_sync_client_leaves_sigterm_and_ctrl_c_as_they_were_while_no_loop_runs
     worker = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
     try:
-        assert [worker.stdout.readline() for _ in range(3)] == ["KeyboardInterrupt\n", "True\n", "waiting\n"]
+        lines = [worker.stdout.readline() for _ in range(3)]
+        if lines != ["KeyboardInterrupt\n", "True\n", "waiting\n"]:
+            worker.kill()
+            raise AssertionError((lines, worker.communicate(timeout=30)[1]))
         worker.send_signal(signal.SIGTERM)
         _, stderr = worker.communicate(timeout=30)
     finally:
