@@ -38,6 +38,9 @@ Each refusal is one log line, event=start_failed reason=..., naming what to look
 """
 
 
+ADDRESS_IN_USE_HINT = ("another process listens there: stop it, or give another port (--port; --port 0 picks a free "
+                       "one, and --port-file says which)")
+
 # The cluster flags' short spellings, beside the names derived from their fields.
 FLAG_ALIASES = {"node_id": ("--node",), "leader_ttl_s": ("--leader-ttl",), "lease_grace_s": ("--lease-grace",),
                 "sync_timeout_s": ("--sync-timeout",)}
@@ -156,12 +159,14 @@ def serve_broker(config: Config) -> int:
     elif isinstance(failure, AuthFileError):
         logger.error("event=start_failed reason=auth_file detail=%r action=refusing_to_start", str(failure))
     elif isinstance(failure, AddressInUse):
-        logger.error("event=start_failed reason=address_in_use host=%s port=%d", failure.host, failure.port)
+        logger.error("event=start_failed reason=address_in_use host=%s port=%d hint=%r", failure.host, failure.port,
+                     ADDRESS_IN_USE_HINT)
     elif isinstance(failure, PortFileError):
         logger.error("event=start_failed reason=port_file file=%s detail=%r action=refusing_to_start", failure.path,
                      failure.detail)
     elif isinstance(failure, OSError) and failure.errno == errno.EADDRINUSE:  # listen(): taken since the bind
-        logger.error("event=start_failed reason=address_in_use host=%s port=%d", config.host, config.port)
+        logger.error("event=start_failed reason=address_in_use host=%s port=%d hint=%r", config.host, config.port,
+                     ADDRESS_IN_USE_HINT)
     else:
         logger.error("event=start_failed reason=%r", str(failure))
     return EXIT_FAILED

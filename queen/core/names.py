@@ -38,6 +38,8 @@ def name(raw, field: str, code: str, bytes_max: int, index=None) -> str:
 
 
 def _checked(raw, field: str, code: str, bytes_max: int, index) -> str:
+    if raw is None:
+        _fail(code, f"{field} is required", index)
     if type(raw) is not str:
         _fail(code, f"{field} must be a string", index)
     size = len(raw) if raw.isascii() else len(raw.encode())

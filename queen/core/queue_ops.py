@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import difflib
 
 import orjson
 
@@ -119,7 +120,10 @@ def parse_configure(document, limits: Limits) -> tuple[str, dict]:
         if value is None:
             continue
         if option not in OPTIONS:
-            raise BadRequest("unknown_option", f"unknown option {option!r}", {"option": option, "supported": sorted(OPTIONS)})
+            close = difflib.get_close_matches(option, OPTIONS, 1) if type(option) is str else []
+            hint = f"; did you mean {close[0]!r}?" if close else f"; the options are {', '.join(sorted(OPTIONS))}"
+            raise BadRequest("unknown_option", f"unknown option {option!r}{hint}",
+                             {"option": option, "supported": sorted(OPTIONS)})
         _, low, high = OPTIONS[option]
         if low is None:
             if type(value) is not bool:
@@ -459,8 +463,8 @@ def page_limit(params: dict, limits: Limits) -> int:
 def check_params(params: dict, allowed: frozenset) -> None:
     for field in params:
         if field not in allowed:
-            raise BadRequest("unknown_field", f"unknown parameter {field!r}; this route takes {', '.join(sorted(allowed))}",
-                             {"field": field})
+            takes = f"takes {', '.join(sorted(allowed))}" if allowed else "takes no query parameter"
+            raise BadRequest("unknown_field", f"unknown parameter {field!r}; this route {takes}", {"field": field})
 
 
 

@@ -77,6 +77,7 @@ import errno
 import itertools
 import logging
 import os
+import re
 import resource
 import socket
 import ssl
@@ -527,7 +528,7 @@ class HttpServer:
                     return
                 except h11.RemoteProtocolError as error:
                     status = error.error_status_hint if error.error_status_hint in (400, 413, 431) else 400
-                    await self._send_error_and_close(connection, status, QueenError("bad_http", f"malformed HTTP request: {error}"))
+                    await self._send_error_and_close(connection, status, QueenError("bad_http", f"malformed HTTP request: {_readable(error)}"))
                     return
                 if request is None:
                     return
@@ -752,3 +753,9 @@ async def _linger(sock: socket.socket) -> None:
         if not data:
             return
         dropped += len(data)
+
+
+def _readable(error: Exception) -> str:
+    """h11's message in a client's words: it shows what it could not parse as Python's repr of a
+    bytearray (`bytearray(b'GARBAGE')`), which means nothing to someone calling with curl."""
+    return re.sub(r"bytearray\(b(['\"])(.*?)\1\)", r"\1\2\1", str(error))

@@ -251,7 +251,10 @@ class Api:
         if self.router.draining:
             return self._reply(request, {"status": "shutting_down"}, 503)
         if writer.sync_refusal is not None:
-            return self._reply(request, {"status": "sync_unavailable", "reason": writer.sync_refusal.message}, 503)
+            sync = writer.sync_refusal.details.get("sync", [])
+            return self._reply(request, {"status": "sync_unavailable", "reason": (
+                f"this leader's sync set ({', '.join(sync) or '-'}) is out of reach: writes are refused until it is "
+                "back; do not restart this node for it")}, 503)
         return self._reply(request, {"status": "ok"})
 
     async def _openapi(self, request: Request, parts, query):
@@ -262,6 +265,7 @@ class Api:
     # -- KV --------------------------------------------------------------------------------------
 
     async def _kv_batch(self, request: Request, parts, query):
+        _no_params(query)
         document = decode_body(request.body, request.content_type)
         _check_batch_body(document)
         raw_ops = queen_mq.kv_ops(document.get("operations"), self.limits, request.body)
@@ -284,12 +288,16 @@ class Api:
             # GET /api/v1/kv/{ns}?prefix=&cursor=&limit= : one page of keys.
             _allow(method, b"GET")
             request.route = self._kv_page_series
+            check_params(params, _KV_PAGE_PARAMS)
             raw = {"op": "getPrefix", "ns": ns, "prefix": params.get("prefix", "")}
             if "cursor" in params:
                 raw["cursor"] = params["cursor"]
             if "limit" in params:
                 raw["limit"] = whole_number(params["limit"], "limit", "invalid_limit", 1, self.limits.page_items_max)
             return await self._one(request, raw)
+        # A parameter the route does not take is refused, never ignored: a misspelt ?expect= must not
+        # turn a conditional delete into a blind one (and a PUT's expect goes in its body).
+        check_params(params, _KV_DELETE_PARAMS if method == b"DELETE" else frozenset())
         if method == b"POST":
             if not key_raw.endswith("/incr"):
                 raise MethodNotAllowed("method_not_allowed", "POST on a key is only .../incr", {"allow": ["GET", "PUT", "DELETE"]})
@@ -317,6 +325,7 @@ class Api:
     # -- locks and transactions --------------------------------------------------------------------
 
     async def _locks(self, request: Request, parts, query):
+        _no_params(query)
         document = decode_body(request.body, request.content_type)
         _check_batch_body(document)
         ops = parse_lock_ops(document.get("operations"), self.limits)
@@ -339,6 +348,7 @@ class Api:
 
     async def _list_locks(self, request: Request, parts, query: str):
         params = _query(query)
+        check_params(params, _PAGE_PARAMS)
         prefix = params.get("prefix", "")
         if len(prefix.encode()) > self.limits.lock_name_bytes_max:
             raise BadRequest("invalid_prefix", f"prefix must be at most {self.limits.lock_name_bytes_max} bytes")
@@ -346,6 +356,7 @@ class Api:
                                               request.principal.prefix + LOCKS_NS)
 
     async def _transaction(self, request: Request, parts, query):
+        _no_params(query)
         document = decode_body(request.body, request.content_type)
         raw_next = take_next(document)
         txn, spelling = queen_mq.parse_transaction_document(document, self.limits, self.router.now_ms())
@@ -393,6 +404,7 @@ class Api:
         return {**queen_mq.transaction_answer(txn, spelling, answer), **next_part}
 
     async def _timers(self, request: Request, parts, query):
+        _no_params(query)
         document = decode_body(request.body, request.content_type)
         _check_batch_body(document)
         raw_ops, spelled = queen_mq.timer_ops(document.get("operations"))
@@ -420,6 +432,7 @@ class Api:
     # -- queues -------------------------------------------------------------------------------------
 
     async def _configure(self, request: Request, parts, query):
+        _no_params(query)
         document = queen_mq.configure_document(decode_body(request.body, request.content_type))
         queue, changes = parse_configure(document, self.limits)
         self.tenancy.admit(request.principal, QUEUES, 1)
@@ -427,6 +440,7 @@ class Api:
         return await self.router.run_queue(queue, Configure(queue, changes))
 
     async def _push(self, request: Request, parts, query):
+        _no_params(query)
         items = parse_push(queen_mq.push_document(decode_body(request.body, request.content_type)), self.limits)
         principal = request.principal
         self.tenancy.admit(principal, QUEUES, len(items), pushes=len(items))
@@ -446,6 +460,7 @@ class Api:
         return await self.router.run_queue(op.queue, op, wait_gone=request.wait_gone, answer_now=request.answer_now)
 
     async def _ack(self, request: Request, parts, query):
+        _no_params(query)
         document = decode_body(request.body, request.content_type)
         raw_next = take_next(document)
         item = parse_ack(document, self.limits)
@@ -462,6 +477,7 @@ class Api:
         return result
 
     async def _ack_batch(self, request: Request, parts, query):
+        _no_params(query)
         document = decode_body(request.body, request.content_type)
         raw_next = take_next(document)
         items = parse_acks(document, self.limits)
@@ -491,6 +507,7 @@ class Api:
         return op
 
     async def _lease(self, request: Request, parts, query):
+        _no_params(query)
         lease_raw, action = parts
         document = decode_body(request.body, request.content_type) if request.body else None
         prefix = request.principal.prefix
@@ -529,6 +546,7 @@ class Api:
         return result
 
     async def _dlq_requeue(self, request: Request, parts, query):
+        _no_params(query)
         queue, group, items = parse_requeue(decode_body(request.body, request.content_type), self.limits)
         self.tenancy.admit(request.principal, QUEUES, len(items))
         queue = request.principal.prefix + queue
@@ -852,6 +870,18 @@ def _allow(method: bytes, *allowed: bytes) -> None:
         names = [a.decode() for a in allowed]
         raise MethodNotAllowed("method_not_allowed", f"{method.decode()} is not allowed here; use {' or '.join(names)}",
                                {"allow": names})
+
+
+_PAGE_PARAMS = frozenset(("prefix", "cursor", "limit"))
+_KV_PAGE_PARAMS = _PAGE_PARAMS
+_KV_DELETE_PARAMS = frozenset(("expect",))
+
+
+def _no_params(query: str) -> None:
+    """A route whose request is all in its body takes no query parameter: one sent is refused
+    rather than ignored (a caller who put `?expect=` there meant something by it)."""
+    if query:
+        check_params(_query(query), frozenset())
 
 
 def _query(query: str) -> dict[str, str]:

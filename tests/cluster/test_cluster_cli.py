@@ -197,7 +197,7 @@ async def test_a_leader_whose_sync_set_is_out_of_reach_fails_its_health_check():
     answer = await HttpServer(api, Config())._handle(request("GET", "/healthz"))
     assert answer.status == 503
     body = json.loads(answer.body)
-    assert body["status"] == "sync_unavailable" and "(n3)" in body["reason"]
+    assert body["status"] == "sync_unavailable" and "(n3)" in body["reason"] and "do not restart" in body["reason"]
 
 
 def test_status_table():

@@ -292,3 +292,19 @@ async def test_a_json_bytes_form_that_is_not_base64_answers_400(tmp_path, autoju
         status, body = await HttpClient(server.port).request(
             "PUT", "/api/v1/kv/app/k", {"value": {"$bytes": "not base64!"}, "forever": True})
         assert status == 400 and body["code"] == "invalid_value"
+
+
+async def test_refusals_say_what_a_caller_can_act_on(tmp_path, autojump_clock):
+    """A missing required parameter says it is required (not 'must be a string'), a misspelt queue
+    option names the one meant, and a malformed request line is quoted as sent, not as Python's
+    repr of a bytearray."""
+    async with open_server(tmp_path / "d") as server:
+        client = HttpClient(server.port)
+        status, body = await client.request("GET", "/api/v1/dlq")
+        assert status == 400 and body["error"] == "queue is required", body
+        status, body = await client.request("POST", "/api/v1/configure", {"queue": "q", "options": {"retryLimt": 3}})
+        assert status == 400 and body["code"] == "unknown_option" and "did you mean 'retryLimit'?" in body["error"], body
+        await client.aclose()
+        answer = await exchange(server.port, b"GARBAGE\r\n\r\n")
+        assert b" 400 " in answer.split(b"\r\n", 1)[0] and b"bytearray" not in answer, answer
+        assert b"'GARBAGE'" in answer, answer

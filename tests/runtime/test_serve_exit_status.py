@@ -94,5 +94,5 @@ def test_a_start_on_a_busy_port_leaves_the_data_dir_as_it_found_it(tmp_path, bef
                               capture_output=True, text=True, timeout=60)
     assert done.returncode == EXIT_FAILED, done.stderr
     line = start_failed_line(done)
-    assert "reason=address_in_use" in line and f"port={port}" in line
+    assert "reason=address_in_use" in line and f"port={port}" in line and "--port 0 picks a free" in line
     assert data_dir_contents(data_dir) == found, "the failed start changed the data directory"
