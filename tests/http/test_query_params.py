@@ -8,7 +8,6 @@ import pytest
 
 from queen.http.openapi import operations
 from queen.testing import HttpClient, open_server
-
 from tests.http.test_error_envelope import PATH_VALUES, concrete
 
 ANY_PARAMETER = frozenset({("GET", "/metrics")})
