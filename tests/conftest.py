@@ -5,6 +5,7 @@ process wrote parses as logfmt (or JSON, under --log-format json)."""
 
 import logging
 import re
+import signal
 import sys
 from collections import Counter
 from functools import partial
@@ -34,6 +35,12 @@ class _SecretWatch(logging.Handler):
 
 
 _watch = _SecretWatch()
+
+# A shell starts a background job with SIGINT ignored, and what is ignored is inherited: by pytest,
+# its workers and every process a test starts. The Ctrl-C tests would then send a signal nobody
+# hears. Ctrl-C means what it means in a foreground terminal, however the suite was started.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_configure(config):
