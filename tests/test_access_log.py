@@ -54,7 +54,8 @@ def test_every_answer_is_one_line_with_route_status_time_bytes_request_id_caller
         env = {"QUEEN_ACCESS_LOG": "1"}
     with ServerProcess(str(tmp_path / "data"), *args, env=env) as server:
         calls = [
-            call(server, "PUT", "/api/v1/kv/app/k?x=1", b'{"value": 1, "forever": true}', {**token, "x-request-id": "r-1"}),
+            call(server, "PUT", "/api/v1/kv/app/k", b'{"value": 1, "forever": true}', {**token, "x-request-id": "r-1"}),
+            call(server, "GET", "/api/v1/kv/app?prefix=k", None, token),  # the route is its template, no query
             call(server, "POST", "/api/v1/kv", b'{"nonsense": 1}', token),
             call(server, "GET", "/api/v1/nothing/here", None, token),
             call(server, "GET", "/healthz"),
@@ -64,6 +65,7 @@ def test_every_answer_is_one_line_with_route_status_time_bytes_request_id_caller
     lines = access_lines(server)
     assert len(lines) == len(calls), lines
     expected = [("PUT", "/api/v1/kv/{ns}/{key}", 200, "deployer", "acme"),
+                ("GET", "/api/v1/kv/{ns}", 200, "deployer", "acme"),
                 ("POST", "/api/v1/kv", 400, "deployer", "acme"),
                 ("GET", "/api/v1/nothing/here", 404, "deployer", "acme"),
                 ("GET", "/healthz", 200, "-", "-"),
