@@ -232,6 +232,8 @@ def test_three_cron_replicas_produce_exactly_one_run_per_period(server, tmp_path
 def test_queue_commands_configure_push_pop_ack_list_and_dlq(server):
     configured = queen(server, "queue", "configure", "cli-orders", "--lease-time", "1m", "--retry-limit", "0", "--json")
     assert configured.returncode == 0 and json.loads(configured.stdout)["options"]["leaseTimeSeconds"] == 60
+    assert json.loads(configured.stdout)["options"]["dlqAfterMaxRetries"] is True  # a boolean, not 1
+    assert "dlqAfterMaxRetries true" in queen(server, "queue", "configure", "cli-orders").stdout.splitlines()
     pushed = queen(server, "queue", "push", "cli-orders", '{"orderId": 1}', "--partition", "c-42", "--transaction-id", "o-1")
     assert pushed.returncode == 0 and pushed.stdout.startswith("queued c-42 offset 0")
     again = queen(server, "queue", "push", "cli-orders", '{"orderId": 1}', "--partition", "c-42", "--transaction-id", "o-1")
