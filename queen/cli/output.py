@@ -144,11 +144,12 @@ def wait_s(text: str | None, longest_s: float | None, flag: str = "--wait") -> f
 
 def connect_hint(certificate: bool, cause: str) -> str:
     """What to do when no connection could be made, in the command's words (its flags, not the
-    SDK's names): start a server there, or trust its CA."""
+    SDK's names): start a server there, name it as its certificate does, or trust its CA."""
     if not certificate:
         return "is a Queen server running there? `queen serve` starts one (or give its address: --url or QUEEN_URL)"
-    if "hostname mismatch" in cause.lower():
-        return "the server's certificate is not for this host name: use a name the certificate lists in --url"
+    if "hostname mismatch" in cause.lower() or "ip address mismatch" in cause.lower():
+        return ("the server's certificate is not for this host name or address: use a name the certificate lists "
+                "in --url")
     return ("the server's certificate is not signed by a CA this command trusts: give the CA's certificate file "
             "with --ca-file FILE or QUEEN_CA_FILE")
 
