@@ -179,10 +179,12 @@ async def queue_configure(args) -> int:
 
 
 async def queue_push(args) -> int:
+    from queen_client import Push
+
     value = read_value(args)
     async with open_client(args) as client:
-        result = await client.queue(args.queue).push(value, partition=args.partition,
-                                                     transaction_id=args.transaction_id)
+        # push_many: VALUE is one message's payload whatever it is, a JSON array too.
+        [result] = await client.queue(args.queue).push_many([Push(value, args.partition, args.transaction_id)])
     if args.json:
         print_json({"status": result.status, "queue": result.queue, "partition": result.partition,
                     "partitionId": result.partition_id, "messageId": result.message_id, "offset": result.offset,
