@@ -275,6 +275,26 @@ def test_queue_pop_puts_the_lease_on_stderr_for_people_and_only_json_on_stdout_w
     assert "nothing on stderr but warnings and errors" in helptext
 
 
+def test_a_pop_that_delivers_nothing_says_why(server):
+    """The broker answers "empty" alike for a queue with nothing pending and for one whose pending
+    messages sit in a partition another consumer holds; the command tells the two apart."""
+    assert queen(server, "queue", "push", "cli-held-q", "1", "--partition", "p").returncode == 0
+    assert queen(server, "queue", "push", "cli-held-q", "2", "--partition", "p").returncode == 0
+    assert queen(server, "queue", "pop", "cli-held-q").returncode == 0  # takes offset 0; offset 1 waits behind it
+    held = queen(server, "queue", "pop", "cli-held-q")
+    assert held.returncode == 1
+    assert held.stderr == ("queen: nothing to deliver now: 1 message(s) pending for group __QUEUE_MODE__, none of "
+                           "them deliverable now: they are in partitions leased to other consumers (1 in flight) or "
+                           "wait out a delay or a retry backoff\n")
+    named = queen(server, "queue", "pop", "cli-held-q", "--partition", "p")
+    assert named.returncode == 1 and "partition p is leased to another consumer of group __QUEUE_MODE__" in named.stderr
+    nothing = queen(server, "queue", "pop", "cli-empty-q")
+    assert nothing.returncode == 1
+    assert nothing.stderr == "queen: nothing to deliver now: no message is pending for group __QUEUE_MODE__\n"
+    scripted = queen(server, "queue", "pop", "cli-held-q", "--json")  # a script reads the reason itself
+    assert scripted.returncode == 1 and scripted.stderr == "" and json.loads(scripted.stdout)["reason"] == "empty"
+
+
 def test_timer_commands_schedule_move_get_list_cancel_and_fire(server):
     scheduled = queen(server, "timer", "schedule", "cli-timers", "order-42:timeout", '{"orderId": 42}', "--in", "15m",
                       "--partition", "c-42")

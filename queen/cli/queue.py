@@ -16,8 +16,8 @@ from queen.cli.output import (
     EXIT_NO,
     EXIT_OK,
     EXIT_USAGE,
-    STRING_HELP,
     VALUE_HELP,
+    add_value_options,
     iso,
     open_client,
     print_json,
@@ -76,7 +76,7 @@ def add_parser(commands, parents: dict) -> None:
     push.add_argument("value", help="the message's payload: " + VALUE_HELP)
     push.add_argument("--partition", help='the partition to append to: 1-256 bytes (default "Default")')
     push.add_argument("--transaction-id", help="makes the push idempotent (one is generated if not given)")
-    push.add_argument("--string", action="store_true", help=STRING_HELP)
+    add_value_options(push)
     push.set_defaults(handler=queue_push)
     pop = actions.add_parser(
         "pop", parents=[client], help="take messages under a lease",
@@ -197,16 +197,22 @@ async def queue_push(args) -> int:
 
 
 async def queue_pop(args) -> int:
-    from queen_client.queues import WAIT_MS_MAX
+    from queen_client.queues import DEFAULT_GROUP, WAIT_MS_MAX
 
     wait = wait_s(args.wait, WAIT_MS_MAX / 1000)
+    why_not = None
     async with open_client(args) as client:
+        queue = client.queue(args.queue)
         while True:
-            delivery = await client.queue(args.queue).pop(
+            delivery = await queue.pop(
                 group=args.group, batch=args.batch, partition=args.partition,
                 wait=None if wait is None else min(wait, WAIT_MS_MAX / 1000), auto_ack=args.auto_ack)
             if delivery.messages or wait != math.inf:
                 break
+        if not delivery.messages and not args.json:
+            why_not = _nothing_to_deliver(args, delivery.reason, args.group or DEFAULT_GROUP,
+                                          None if args.partition is not None else await queue.info())
+    # Nothing below may fail: with --auto-ack the messages are already resolved, and shown only here.
     if args.json:
         print_json({"leaseId": delivery.lease_id, "expiresAt": delivery.expires_at_ms, "reason": delivery.reason,
                     "messages": [{"partition": m.partition, "partitionId": m.partition_id, "offset": m.offset,
@@ -220,8 +226,27 @@ async def queue_pop(args) -> int:
         for m in delivery.messages:
             print(f"{m.partition}\t{m.offset}\t{show_value(m.data)}" + (f"\tretry {m.retry_count}" if m.retry_count else ""))
     else:
-        say_no(f"nothing to deliver ({delivery.reason})")
+        say_no(why_not)
     return EXIT_OK if delivery.messages else EXIT_NO
+
+
+def _nothing_to_deliver(args, reason: str | None, group: str, info: dict | None) -> str:
+    """Why a pop delivered nothing, as far as the broker's answer and (without --partition) the
+    queue's counts for the group tell: the broker answers "empty" alike for a queue with nothing
+    pending and for one whose pending messages sit in partitions other consumers hold."""
+    if reason == "lease_held":
+        return (f"nothing to deliver: partition {args.partition} is leased to another consumer of group {group} "
+                "(its messages come back when that consumer acks them or its lease ends)")
+    said = f"nothing to deliver within --wait {args.wait}" if reason == "timeout" else "nothing to deliver now"
+    if info is None:  # one partition: the broker looked at it alone
+        return f"{said}: partition {args.partition} holds no message group {group} may take now"
+    counts = next((g for g in info.get("groups", ()) if g["consumerGroup"] == group), None)
+    pending, in_flight = (counts["pending"], counts["inFlight"]) if counts is not None else (0, 0)
+    if pending == 0:
+        busy = f"; {in_flight} in flight under other consumers' leases" if in_flight else ""
+        return f"{said}: no message is pending for group {group}{busy}"
+    return (f"{said}: {pending} message(s) pending for group {group}, none of them deliverable now: they are in "
+            f"partitions leased to other consumers ({in_flight} in flight) or wait out a delay or a retry backoff")
 
 
 async def queue_ack(args) -> int:
@@ -365,3 +390,4 @@ async def queue_consume(args) -> int:
 
 class CommandFailed(Exception):
     """A consumed command exited with a status other than 0: its last stderr line is the error."""
+
