@@ -24,6 +24,7 @@ from queen.cli.output import (
     read_value,
     say_no,
     show_value,
+    sole,
     wait_s,
 )
 
@@ -323,6 +324,14 @@ async def queue_consume(args) -> int:
         running[0] += 1
         try:
             await run_one(message)
+        except CommandFailed:
+            raise  # the command's own failure: its stderr, passed on, said why
+        except Exception as raised:  # noqa: BLE001 - ours, not the command's: said here, and failed with its cause
+            error = sole(raised)
+            cause = f"queen queue consume: {type(error).__name__}: {error}"
+            print(f"{cause} (message {message.queue}/{message.partition} offset {message.offset}, acked failed)",
+                  file=sys.stderr, flush=True)
+            raise ConsumeFailed(cause) from error
         finally:
             running[0] -= 1
 
@@ -332,6 +341,7 @@ async def queue_consume(args) -> int:
                    QUEEN_OFFSET=str(message.offset), QUEEN_MESSAGE_ID=str(message.message_id),
                    QUEEN_TRANSACTION_ID=message.transaction_id, QUEEN_RETRY_COUNT=str(message.retry_count),
                    QUEEN_LEASE_ID=str(message.lease_id), QUEEN_CREATED_AT=str(message.created_at_ms))
+        payload = stdin_bytes(message.data)  # before the command starts: it never runs without its stdin
         process = await anyio.open_process(command, stdin=subprocess.PIPE, stdout=None, stderr=subprocess.PIPE,
                                            env=env)
         tail = b""
@@ -339,7 +349,7 @@ async def queue_consume(args) -> int:
             async with anyio.create_task_group() as streams:
                 async def feed() -> None:
                     try:
-                        await process.stdin.send(show_value(message.data).encode())
+                        await process.stdin.send(payload)
                     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                         pass  # it did not read its stdin: fine
                     await process.stdin.aclose()
@@ -388,6 +398,18 @@ async def queue_consume(args) -> int:
     return EXIT_OK
 
 
+def stdin_bytes(payload) -> bytes:
+    """What a consumed command reads on its stdin: a byte string as it is, a string as its UTF-8
+    text, anything else as the wire's JSON (bytes inside it as {"$bytes": ...})."""
+    if isinstance(payload, bytes):
+        return payload
+    return show_value(payload).encode("utf-8")
+
+
 class CommandFailed(Exception):
     """A consumed command exited with a status other than 0: its last stderr line is the error."""
 
+
+class ConsumeFailed(Exception):
+    """The worker itself failed to run the command for a message (it could not be started, its
+    stdin or stderr failed): the message is acked failed with this, which names the cause."""
