@@ -15,6 +15,13 @@ from urllib.parse import urlsplit
 
 from queen.core.limits import Limits
 
+# The settings whose values are a fixed set: validate() checks them, and `queen serve` offers them
+# as its flags' choices (in --help, and to tab completion).
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("logfmt", "json")
+SYNC_MODES = ("strict", "degrade")
+CHOICES = {"log_level": LOG_LEVELS, "log_format": LOG_FORMATS, "sync_mode": SYNC_MODES}
+
 
 def _opt(default, help_text: str, metavar: str = ""):
     return field(default=default, metadata={"help": help_text, "metavar": metavar})
@@ -115,10 +122,10 @@ def validate(config: Config) -> list[str]:
     for name in ("request_read_timeout_s", "idle_timeout_s", "send_timeout_s", "shutdown_grace_s"):
         if getattr(config, name) <= 0:
             problems.append(f"{name.replace('_', '-')} must be above 0")
-    if config.log_level.lower() not in ("debug", "info", "warning", "error"):
-        problems.append(f"log level {config.log_level!r} is not one of debug, info, warning, error")
-    if config.log_format not in ("logfmt", "json"):
-        problems.append(f"log format {config.log_format!r} is not one of logfmt, json")
+    if config.log_level.lower() not in LOG_LEVELS:
+        problems.append(f"log level {config.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+    if config.log_format not in LOG_FORMATS:
+        problems.append(f"log format {config.log_format!r} is not one of {', '.join(LOG_FORMATS)}")
     if bool(config.tls_cert) != bool(config.tls_key):
         problems.append("--tls-cert and --tls-key go together: give both, or neither")
     if not config.auth_file and not config.insecure and not is_loopback(config.host):
@@ -160,8 +167,8 @@ def cluster_problems(config: Config) -> list[str]:
         problems.append(f"replication listen address {config.replication_listen!r}: give HOST:PORT")
     if not 1 <= config.leader_ttl_s <= 600:
         problems.append("leader ttl must be between 1 and 600 seconds (etcd leases count whole seconds)")
-    if config.sync_mode not in ("strict", "degrade"):
-        problems.append(f"sync mode {config.sync_mode!r} is not one of strict, degrade")
+    if config.sync_mode not in SYNC_MODES:
+        problems.append(f"sync mode {config.sync_mode!r} is not one of {', '.join(SYNC_MODES)}")
     if config.lease_grace_s < 0:
         problems.append("lease grace must not be negative")
     if not 0.1 <= config.sync_timeout_s <= 3600:

@@ -456,13 +456,15 @@ def make_test_ca(directory: str, name: str = "ca") -> tuple[str, str]:
     return cert, key
 
 
-def make_server_cert(directory: str, ca: tuple[str, str], name: str = "server", serial: int = 1) -> tuple[str, str]:
-    """A server certificate for 127.0.0.1 (and localhost) signed by `ca` (make_test_ca's pair):
-    (certificate path, key path), PEM; its subject is CN=<name>, its serial `serial`."""
+def make_server_cert(directory: str, ca: tuple[str, str], name: str = "server", serial: int = 1,
+                     alt_names: str = "IP:127.0.0.1,DNS:localhost") -> tuple[str, str]:
+    """A server certificate for 127.0.0.1 and localhost (or `alt_names`, as openssl's
+    subjectAltName says them) signed by `ca` (make_test_ca's pair): (certificate path, key path),
+    PEM; its subject is CN=<name>, its serial `serial`."""
     cert, key = os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}.key")
     request, extensions = os.path.join(directory, f"{name}.csr"), os.path.join(directory, f"{name}.ext")
     with open(extensions, "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\n"
+        f.write(f"subjectAltName={alt_names}\nbasicConstraints=critical,CA:FALSE\n"
                 "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
                 "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n")
     _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",

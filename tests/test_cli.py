@@ -232,6 +232,8 @@ def test_three_cron_replicas_produce_exactly_one_run_per_period(server, tmp_path
 def test_queue_commands_configure_push_pop_ack_list_and_dlq(server):
     configured = queen(server, "queue", "configure", "cli-orders", "--lease-time", "1m", "--retry-limit", "0", "--json")
     assert configured.returncode == 0 and json.loads(configured.stdout)["options"]["leaseTimeSeconds"] == 60
+    assert json.loads(configured.stdout)["options"]["dlqAfterMaxRetries"] is True  # a boolean, not 1
+    assert "dlqAfterMaxRetries true" in queen(server, "queue", "configure", "cli-orders").stdout.splitlines()
     pushed = queen(server, "queue", "push", "cli-orders", '{"orderId": 1}', "--partition", "c-42", "--transaction-id", "o-1")
     assert pushed.returncode == 0 and pushed.stdout.startswith("queued c-42 offset 0")
     again = queen(server, "queue", "push", "cli-orders", '{"orderId": 1}', "--partition", "c-42", "--transaction-id", "o-1")
@@ -271,6 +273,26 @@ def test_queue_pop_puts_the_lease_on_stderr_for_people_and_only_json_on_stdout_w
     helptext = " ".join(queen(server, "queue", "pop", "--help").stdout.split())
     assert "on stderr the lease id" in helptext and "With --json: one JSON object on stdout" in helptext
     assert "nothing on stderr but warnings and errors" in helptext
+
+
+def test_a_pop_that_delivers_nothing_says_why(server):
+    """The broker answers "empty" alike for a queue with nothing pending and for one whose pending
+    messages sit in a partition another consumer holds; the command tells the two apart."""
+    assert queen(server, "queue", "push", "cli-held-q", "1", "--partition", "p").returncode == 0
+    assert queen(server, "queue", "push", "cli-held-q", "2", "--partition", "p").returncode == 0
+    assert queen(server, "queue", "pop", "cli-held-q").returncode == 0  # takes offset 0; offset 1 waits behind it
+    held = queen(server, "queue", "pop", "cli-held-q")
+    assert held.returncode == 1
+    assert held.stderr == ("queen: nothing to deliver now: 1 message(s) pending for group __QUEUE_MODE__, none of "
+                           "them deliverable now: they are in partitions leased to other consumers (1 in flight) or "
+                           "wait out a delay or a retry backoff\n")
+    named = queen(server, "queue", "pop", "cli-held-q", "--partition", "p")
+    assert named.returncode == 1 and "partition p is leased to another consumer of group __QUEUE_MODE__" in named.stderr
+    nothing = queen(server, "queue", "pop", "cli-empty-q")
+    assert nothing.returncode == 1
+    assert nothing.stderr == "queen: nothing to deliver now: no message is pending for group __QUEUE_MODE__\n"
+    scripted = queen(server, "queue", "pop", "cli-held-q", "--json")  # a script reads the reason itself
+    assert scripted.returncode == 1 and scripted.stderr == "" and json.loads(scripted.stdout)["reason"] == "empty"
 
 
 def test_timer_commands_schedule_move_get_list_cancel_and_fire(server):

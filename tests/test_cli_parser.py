@@ -129,12 +129,15 @@ def test_the_bash_script_completes_commands_options_and_choices(tmp_path):
         words queen kv p
         words queen kv put --if
         words queen queue ack jobs --status ""
+        words queen serve --log-format ""
+        words queen serve --log-level ""
     """
     done = subprocess.run([bash, "-c", probe], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    registered, command, option, choices = done.stdout.splitlines()
+    registered, command, option, choices, log_formats, log_levels = done.stdout.splitlines()
     assert registered.endswith(" queen")
     assert (command, option, choices) == ("put", "--if-absent", "completed failed dlq")
+    assert (log_formats, log_levels) == ("logfmt json", "debug info warning error")
 
 
 def test_the_zsh_script_is_a_compdef_function_zsh_reads(tmp_path):
@@ -160,3 +163,13 @@ def test_the_fish_script_completes_commands_options_and_choices(tmp_path):
     assert complete("queen kv p") == ["put"]
     assert complete("queen kv put --if") == ["--if-absent"]
     assert complete("queen queue ack jobs --status ") == ["completed", "failed", "dlq"]
+    assert complete("queen serve --log-format ") == ["logfmt", "json"]
+    assert complete("queen serve --sync-mode ") == ["strict", "degrade"]
+
+
+def test_serve_flags_with_a_fixed_set_of_values_take_only_those(capsys):
+    from queen.cli import build_parser
+
+    assert build_parser().parse_args(["serve", "--log-level", "WARNING"]).log_level == "warning"  # as logging has it
+    message = usage_error(capsys, "serve", "--log-format", "jsn")
+    assert "invalid choice: 'jsn'" in message and "logfmt" in message

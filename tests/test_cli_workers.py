@@ -100,6 +100,39 @@ def test_consume_sends_a_message_to_the_dlq_on_the_chosen_exit_code(server, tmp_
         assert worker.returncode == 0
 
 
+def test_consume_gives_a_byte_payload_to_the_command_as_its_bytes(server, tmp_path):
+    payload = b"\x89PNG\r\n\x1a\n\x00\xff"
+    with sdk.SyncClient(server.url) as client:
+        binary = client.queue("cli-bincons")
+        binary.configure(retryLimit=0)  # a failed delivery goes to the DLQ at once
+        binary.push(payload)
+        binary.push({"logo": payload})
+        worker = queen(server, "queue", "consume", "cli-bincons", "--", "sh", "-c", 'cat > "$OUT/$QUEEN_OFFSET"',
+                       env={"OUT": str(tmp_path)})
+        wait_for(lambda: [(g["pending"], g["inFlight"]) for g in binary.info()["groups"]] == [(0, 0)],
+                 "both messages to be settled")
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=30)
+        assert worker.returncode == 0, err
+        assert binary.dlq() == [], err
+    assert (tmp_path / "0").read_bytes() == payload
+    assert json.loads((tmp_path / "1").read_bytes()) == {"logo": {"$bytes": "iVBORw0KGgoA/w=="}}  # as JSON, the wire's form
+
+
+def test_consume_says_on_stderr_why_it_could_not_run_the_command_and_the_dlq_entry_names_it(server):
+    with sdk.SyncClient(server.url) as client:
+        missing = client.queue("cli-nocmd")
+        missing.configure(retryLimit=0)
+        missing.push("job")
+        worker = queen(server, "queue", "consume", "cli-nocmd", "--", "/nonexistent/queen-test-command")
+        [entry] = wait_for(lambda: missing.dlq(), "the DLQ entry")
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    assert entry["error"].startswith("queen queue consume: FileNotFoundError: ") and "/nonexistent" in entry["error"]
+    assert f"{entry['error']} (message cli-nocmd/Default offset 0, acked failed)" in err.splitlines(), err
+
+
 def test_sigterm_lets_a_running_command_finish_within_the_grace_and_acks_it(server, tmp_path):
     started, gate = tmp_path / "started", tmp_path / "gate"
     with sdk.SyncClient(server.url) as client:

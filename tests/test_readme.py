@@ -76,7 +76,7 @@ ANSWERS: dict[tuple[str, str], tuple[str, ...]] = {
     ("Python SDK > Queues", 'orders = client.queue("sdk-orders")'): ("order 0 from customer-0 retry 0",),
     ("Python SDK > Running workers", 'mail = client.queue("sdk-mail")'): ("mailing ada@example.com attempt 1",),
     ("Python SDK > Blocking scripts and cron jobs", 'client.lock("nightly-report"'): ("building the report for",),
-    ("CLI", "queen kv put app greeting hello --ttl 1h"): ("hello",),
+    ("CLI", "queen kv put app greeting hello --ttl 1h"): ("hello", '"value": {"$bytes": "iVBORw0KGgo="}'),
     ("CLI", "queen lock acquire report --ttl 30s --owner cron-7"): ("somebody else holds it",),
     ("CLI", "queen run-locked nightly-report"): ("fenced by ", "my turn"),
     ("CLI", "queen timer schedule cli-jobs job-8:retry"): ("more than 365 days ahead: refused",),

@@ -169,7 +169,7 @@ async def deliveries(queue, *, group: str | None, batch: int, partitions: int, w
                 done = [m for m in handled if m.partition_id == message.partition_id]
                 handled = [m for m in handled if m.partition_id != message.partition_id]
                 wire = [m.ack_wire() for m in done]
-                wire.append(message.ack_wire("failed", str(failure)[:1024] or type(failure).__name__))
+                wire.append(message.ack_wire("failed", failure_text(failure)))
                 await _acked(queue, wire, reconnect)
                 failed_partitions.add(message.partition_id)
             finished = not keeper.lost and not (stopping is not None and stopping.is_set())
@@ -180,6 +180,15 @@ async def deliveries(queue, *, group: str | None, batch: int, partitions: int, w
                 delivery = await settle(queue, delivery, handled, finished, reconnect,
                                         follow if finished and not (stopping is not None and stopping.is_set()) else None,
                                         stopping)
+
+
+def failure_text(failure: BaseException) -> str:
+    """A handler's failure as its failed ack's error (the broker keeps 1 KiB of it, with the DLQ
+    entry): the error itself, out of the exception groups of one that a nursery in the handler
+    wraps it in ("Exceptions from Trio nursery (1 sub-exception)" names nothing)."""
+    while isinstance(failure, BaseExceptionGroup) and len(failure.exceptions) == 1:
+        failure = failure.exceptions[0]
+    return str(failure)[:1024] or type(failure).__name__
 
 
 class LeaseKeeper:

@@ -32,7 +32,8 @@ class CannotConnect(TransportError):
     unknown or unreachable host; or no TLS session, `certificate` when the server's certificate was
     not trusted). The call was not applied, so the SDK tries any call again, on the next node,
     within its failover timeout; a certificate it does not trust is raised at once (waiting does
-    not help). The message ends with a hint: `queen serve`, or `ca_file=` / QUEEN_CA_FILE."""
+    not help). The message ends with a hint: `queen serve`, or `ca_file=` / QUEEN_CA_FILE, or (a
+    certificate for another host name or address) a name the certificate lists."""
 
     def __init__(self, url: str, cause: str, *, certificate: bool = False):
         self.url = url
@@ -44,8 +45,10 @@ class CannotConnect(TransportError):
     def hint(self) -> str:
         if not self.certificate:
             return "is a Queen server running there? (`queen serve` starts one)"
-        if "hostname mismatch" in self.cause.lower():
-            return "the server's certificate is not for this host name: use a name the certificate lists"
+        cause = self.cause.lower()
+        if "hostname mismatch" in cause or "ip address mismatch" in cause:
+            return ("the server's certificate is not for this host name or address: use a name the certificate "
+                    "lists in the URL")
         return ("the server's certificate is not signed by a CA this client trusts: give the CA's certificate "
                 "file as ca_file=... (Client or SyncClient) or in QUEEN_CA_FILE")
 

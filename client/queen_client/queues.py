@@ -231,7 +231,15 @@ class Queue:
     async def push(self, payload, *, partition: str | None = None, transaction_id: str | None = None,
                    trace_id: str | None = None) -> PushResult:
         """Append one message. Without a transaction_id one is generated, so the call is safe to send
-        again: a repeat answers "duplicate" with the first one's ids."""
+        again: a repeat answers "duplicate" with the first one's ids. A list (or tuple) payload is
+        refused with a TypeError, before anything is sent: a transaction's `.queue(q).push([...])`
+        and the Queen MQ client's `push([...])` take a list as several messages, so here it would
+        silently be one. push_many(items) appends several; push_many([payload]) one list."""
+        if isinstance(payload, (list, tuple)):
+            raise TypeError("Queue.push() takes one payload, and a list here is ambiguous: push_many([a, b]) appends "
+                            "each item as a message (as a transaction's .queue(q).push([a, b]) and the Queen MQ "
+                            "client's push([...]) do); push_many([[a, b]]) appends one message whose payload is the "
+                            "list")
         [result] = await self.push_many([Push(payload, partition, transaction_id, trace_id)])
         return result
 

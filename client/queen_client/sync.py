@@ -400,6 +400,10 @@ class _SyncTxnQueue:
         self._txn = txn
         self.name = name
 
+    def push_many(self, items, *, partition: str | None = None) -> SyncTransaction:
+        self._txn._txn.queue(self.name).push_many(items, partition=partition)
+        return self._txn
+
     def push(self, items, *, partition: str | None = None) -> SyncTransaction:
         self._txn._txn.queue(self.name).push(items, partition=partition)
         return self._txn

@@ -118,12 +118,19 @@ class TxnQueue:
         self._txn = txn
         self.name = name
 
+    def push_many(self, items: Iterable, *, partition: str | None = None):
+        """Append each item (a payload, or a `queen_client.Push`) as a message when the transaction
+        commits, as `Queue.push_many` does. Each gets a transactionId (generated when not given): a
+        duplicate answers "duplicate" and is not a failure."""
+        return self.push(items, partition=partition)
+
     def push(self, items: Iterable, *, partition: str | None = None):
-        """Append each item (a payload, or a `queen_client.Push`) when the transaction commits. Each
-        gets a transactionId (generated when not given): a duplicate answers "duplicate" and is
-        not a failure."""
-        if isinstance(items, (str, bytes, dict)) or not isinstance(items, Iterable):
-            raise TypeError("push takes a list of items (payloads or queen_client.Push): .push([payload])")
+        """push_many under the Queen MQ client's name for it: a LIST of items, each one message
+        (`.push([payload])` for one). Not `Queue.push(payload)`, which takes one payload (and
+        refuses a list rather than guess)."""
+        if isinstance(items, (str, bytes, bytearray, memoryview, dict)) or not isinstance(items, Iterable):
+            raise TypeError("a transaction's push takes a list of items (payloads or queen_client.Push), each one "
+                            "message: .push([payload]), or .push_many([a, b])")
         for item in items:
             if not isinstance(item, Push):
                 item = Push(item, partition)

@@ -8,8 +8,8 @@ with this form costs the SDK nothing on answers without bytes, which are most.)
 
 A date or a time (`datetime`, `date`, `time`) is refused with a TypeError naming where it is in
 the request: JSON has no date, orjson would send a naive string, and a consumer reading the value
-back could not tell it from any other string. Send milliseconds since the epoch, or a string you
-format yourself.
+back could not tell it from any other string. Send a datetime as milliseconds since the epoch,
+a date or a time as a string you format (its error says how).
 
 Pure: no I/O. Raises TypeError (what cannot be sent, and where) and nothing else.
 """
@@ -44,12 +44,24 @@ def encode(document) -> bytes:
         raise TypeError(f"{where}: {why}") from None
 
 
+def _date_suggestion(value) -> str:
+    """What to send instead of a datetime, a date or a time: each has its own ways (a date and a
+    time have no .timestamp())."""
+    if isinstance(value, datetime.datetime):  # first: a datetime is a date too
+        return ("send milliseconds since the epoch, e.g. int(value.timestamp() * 1000), or a string you format "
+                "yourself, e.g. value.isoformat()")
+    if isinstance(value, datetime.date):
+        return ("send it as a string, e.g. value.isoformat() ('2026-12-01'), or make it a datetime first and send "
+                "milliseconds since the epoch")
+    return ("send it as a string, e.g. value.isoformat() ('09:30:00'), or as seconds since midnight, e.g. "
+            "value.hour * 3600 + value.minute * 60 + value.second")
+
+
 def _first_unsendable(value, where: str) -> tuple[str, str] | None:
     """(where, why) of the first value in `value` that encode() refuses; only walked once it has."""
     if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
         return where, (f"a {type(value).__name__} has no JSON form in Queen (it would arrive as a string without "
-                       "its type): send milliseconds since the epoch, e.g. int(value.timestamp() * 1000), or "
-                       "a string you format yourself, e.g. value.isoformat()")
+                       f"its type): {_date_suggestion(value)}")
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
@@ -66,6 +78,14 @@ def _first_unsendable(value, where: str) -> tuple[str, str] | None:
         return None
     if isinstance(value, int) and not isinstance(value, bool) and not _INT_MIN <= value <= _INT_MAX:
         return where, "integers must be from -2^63 to 2^64-1"
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            return where, (f"the str is not text JSON can carry: it holds a lone surrogate ({value[error.start]!r} at "
+                           f"index {error.start}), as bytes decoded with errors='surrogateescape' do (input that was "
+                           "not UTF-8); decode the input with its real encoding, or send the bytes themselves")
+        return None
     try:
         orjson.dumps(value, default=_default, option=orjson.OPT_PASSTHROUGH_DATETIME)
     except orjson.JSONEncodeError:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
-
 from queen.cli.output import (
     EXIT_NO,
     EXIT_OK,
-    STRING_HELP,
     VALUE_HELP,
+    add_value_options,
     open_client,
     print_json,
+    print_value,
     read_value,
     say_no,
     show_value,
+    wire_json,
 )
 
 
@@ -22,7 +22,8 @@ def add_parser(commands, parents: dict) -> None:
     kv = commands.add_parser("kv", help="read and write KV keys", description="Read and write KV keys. "
                              "Exit status: 0 done, 1 not found / not applied, 65 rejected, 69 unreachable.")
     actions = kv.add_subparsers(dest="action", metavar="ACTION", required=True)
-    get = actions.add_parser("get", parents=[client], help="print a key's value")
+    get = actions.add_parser("get", parents=[client], help="print a key's value (bytes as they are, to a file or "
+                             "a pipe)")
     get.add_argument("ns", help="the namespace: 1-128 bytes")
     get.add_argument("key", help="the key: 1-1024 bytes")
     get.set_defaults(handler=kv_get)
@@ -30,7 +31,7 @@ def add_parser(commands, parents: dict) -> None:
     put.add_argument("ns", help="the namespace: 1-128 bytes")
     put.add_argument("key", help="the key: 1-1024 bytes")
     put.add_argument("value", help=VALUE_HELP)
-    put.add_argument("--string", action="store_true", help=STRING_HELP)
+    add_value_options(put)
     put.add_argument("--expect", type=int, metavar="VERSION", help="only if the key's version is this (0 = absent)")
     put.add_argument("--if-absent", action="store_true", help="only if the key does not exist")
     put.set_defaults(handler=kv_put)
@@ -65,7 +66,7 @@ async def kv_get(args) -> int:
         print_json({"key": item.key, "found": item.found, "value": item.value, "version": item.version,
                     "expiresAt": item.expires_at_ms})
     elif item.found:
-        print(show_value(item.value))
+        print_value(item.value, f"{args.ns}/{args.key}")
     else:
         say_no(f"{args.ns}/{args.key} not found")
     return EXIT_OK if item.found else EXIT_NO
@@ -121,7 +122,7 @@ async def kv_list(args) -> int:
                 print_json({"key": item.key, "value": item.value, "version": item.version,
                             "expiresAt": item.expires_at_ms})
             else:
-                print(f"{item.key}\t{item.version}\t{json.dumps(item.value, ensure_ascii=False)}")
+                print(f"{item.key}\t{item.version}\t{wire_json(item.value)}")
             count += 1
             if args.limit is not None and count >= args.limit:
                 break

@@ -1,6 +1,6 @@
 """What every client command shares: the exit statuses, the options every one takes, reading a
-value, printing for people and for scripts, and running a handler with the SDK's errors turned
-into exit statuses.
+value, printing for people and for scripts (a byte string in the wire's {"$bytes": ...} form, so
+no answer is unprintable), and running a handler with the SDK's errors turned into exit statuses.
 
 Exit status, the same for every command (sysexits.h where one fits):
   0   it did what was asked (found, applied, acquired, renewed, released; run-locked: CMD's status)
@@ -17,6 +17,8 @@ does not load it.
 from __future__ import annotations
 
 import argparse
+import base64
+import codecs
 import json
 import logging
 import math
@@ -70,12 +72,13 @@ def run(args: argparse.Namespace) -> int:
               "install it, from a checkout of Queen: pip install ./client", file=sys.stderr)
         return EXIT_USAGE
     sdk_warnings = _sdk_warnings_to_stderr()
+    _stdout_never_refuses()
     try:
         return anyio.run(args.handler, args, backend="trio")
     except BaseException as raised:  # noqa: BLE001 - each known kind becomes its status; the rest goes on up
         # Trio wraps what a task of a nursery raised in an exception group (a Ctrl-C that lands
         # while a connection is being opened, an SDK error from a task); one error is one error.
-        error = _sole(raised)
+        error = sole(raised)
         if isinstance(error, KeyboardInterrupt):
             print("queen: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("queen_client").removeHandler(sdk_warnings)
 
 
-def _sole(error: BaseException) -> BaseException:
+def sole(error: BaseException) -> BaseException:
     """The one exception inside nested exception groups that hold one each; else error itself. A
     group of several is not unwrapped: it goes on up whole, traceback and all."""
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
@@ -117,6 +120,22 @@ def _sdk_warnings_to_stderr() -> logging.Handler:
     handler.addFilter(lambda record: record.name != "queen_client._http")
     logging.getLogger("queen_client").addHandler(handler)
     return handler
+
+
+def _stdout_never_refuses() -> None:
+    """A character stdout's encoding cannot write (a non-UTF-8 locale, PYTHONIOENCODING=ascii) is
+    written as an escape rather than raised: the answer may be a popped message, auto-acked, that
+    an error here would lose. (print_json writes such text as JSON's own escapes.)"""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="backslashreplace")
+
+
+def _stdout_is_utf8() -> bool:
+    try:
+        return codecs.lookup(sys.stdout.encoding or "ascii").name == "utf-8"
+    except LookupError:
+        return False
 
 
 def _quiet_stdout() -> None:
@@ -144,11 +163,12 @@ def wait_s(text: str | None, longest_s: float | None, flag: str = "--wait") -> f
 
 def connect_hint(certificate: bool, cause: str) -> str:
     """What to do when no connection could be made, in the command's words (its flags, not the
-    SDK's names): start a server there, or trust its CA."""
+    SDK's names): start a server there, name it as its certificate does, or trust its CA."""
     if not certificate:
         return "is a Queen server running there? `queen serve` starts one (or give its address: --url or QUEEN_URL)"
-    if "hostname mismatch" in cause.lower():
-        return "the server's certificate is not for this host name: use a name the certificate lists in --url"
+    if "hostname mismatch" in cause.lower() or "ip address mismatch" in cause.lower():
+        return ("the server's certificate is not for this host name or address: use a name the certificate lists "
+                "in --url")
     return ("the server's certificate is not signed by a CA this command trusts: give the CA's certificate file "
             "with --ca-file FILE or QUEEN_CA_FILE")
 
@@ -177,8 +197,24 @@ def open_client(args):
     return Client(url, token=args.auth_token, ca_file=args.ca_file, timeout_s=args.timeout, **one_node)
 
 
+def wire_json(value, *, ascii_only: bool = False) -> str:
+    """value as the HTTP API writes it in JSON: a byte string as {"$bytes": "<standard base64>"},
+    the form the server answers with and the SDK decodes to bytes. Never raises for what an answer
+    held: what the SDK decoded, this encodes."""
+    from queen_client.values import BYTES_KEY
+
+    def bytes_form(item):
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            return {BYTES_KEY: base64.b64encode(item).decode("ascii")}
+        raise TypeError(f"a {type(item).__name__} has no JSON form")
+
+    return json.dumps(value, ensure_ascii=ascii_only, default=bytes_form)
+
+
 def print_json(document) -> None:
-    print(json.dumps(document, ensure_ascii=False), flush=True)
+    """One JSON document on one line of stdout (--json), bytes in the wire's form; escaped to ASCII
+    when stdout cannot write UTF-8, so it stays JSON."""
+    print(wire_json(document, ascii_only=not _stdout_is_utf8()), flush=True)
 
 
 def say_no(text: str) -> None:
@@ -197,23 +233,63 @@ def now_ms() -> int:
 
 
 def show_value(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    """A value on a line for people: a string as its text, anything else (bytes included, as
+    {"$bytes": ...}) as the wire's JSON."""
+    return value if isinstance(value, str) else wire_json(value)
+
+
+def print_value(value, what: str) -> None:
+    """A value alone on stdout (`queen kv get`): a string as its text, anything else as the wire's
+    JSON, each with a newline. A byte string goes out as the bytes it is, nothing added, when stdout
+    is a file or a pipe (`> logo.png`, `| file -`); to a terminal, where raw bytes would be noise or
+    terminal escapes, it is shown as {"$bytes": ...} and stderr says how to get the bytes."""
+    if isinstance(value, bytes) and not sys.stdout.isatty():
+        sys.stdout.flush()
+        sys.stdout.buffer.write(value)
+        sys.stdout.buffer.flush()
+        return
+    print(show_value(value), flush=True)
+    if isinstance(value, bytes):
+        print(f"queen: {what} holds {len(value)} bytes, shown as base64; redirect stdout (> FILE) for the bytes "
+              "themselves", file=sys.stderr)
 
 
 # How a VALUE that is meant as JSON begins: an object, an array or a string. Text that begins
 # otherwise and is not JSON is a string as typed (hello, 1.2.3, 2026-12-01).
 JSON_OPENERS = ("{", "[", '"')
 VALUE_HELP = ("JSON, or any other text as a string (text that begins with {, [ or \" must be JSON, "
-              "or give --string); - reads stdin")
+              "or give --string); - reads stdin (UTF-8 text, one trailing newline dropped)")
 STRING_HELP = "take VALUE as a string as it is, even if it is JSON or begins like JSON"
+BYTES_HELP = ("take VALUE as a byte string: stdin's bytes as they are (-), nothing decoded or dropped, or "
+              "VALUE's own bytes")
+
+
+def add_value_options(parser: argparse.ArgumentParser) -> None:
+    """--string and --bytes, the two ways to say how VALUE is taken (read_value), one at a time."""
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--string", action="store_true", help=STRING_HELP)
+    how.add_argument("--bytes", action="store_true", help=BYTES_HELP)
 
 
 def read_value(args):
     """The command's VALUE: JSON, or any other text as a string (as a shell user means it); `-`
-    reads stdin; --string takes it as a string whatever it is. Text that begins like JSON (an
-    object, an array, a string) but does not parse is refused, a ValueError: `{"a":` is a typo or
-    a value cut short, which stored as a string would only surface when something reads it."""
-    raw = sys.stdin.read() if args.value == "-" else args.value
+    reads stdin, UTF-8 text whose one trailing newline (echo's, a file's last) is dropped, as
+    $(...) drops it; --string takes it as a string whatever it is; --bytes takes stdin's bytes (or
+    VALUE's) as a byte string, untouched. Text that begins like JSON (an object, an array, a
+    string) but does not parse is refused, a ValueError: `{"a":` is a typo or a value cut short,
+    which stored as a string would only surface when something reads it. So is text that is not
+    UTF-8: it has no JSON form, and --bytes is the way to store it."""
+    if args.bytes:
+        return sys.stdin.buffer.read() if args.value == "-" else os.fsencode(args.value)
+    if args.value == "-":
+        raw = _utf8_text(sys.stdin.buffer.read(), "stdin")
+        if raw.endswith("\n"):
+            raw = raw[:-1]
+    else:
+        raw = args.value
+        if not raw.isascii():
+            # Bytes of the argument that the locale could not decode arrive as lone surrogates.
+            _utf8_text(raw.encode("utf-8", "surrogateescape"), "VALUE")
     if args.string:
         return raw
     try:
@@ -224,3 +300,11 @@ def read_value(args):
             raise ValueError(f"VALUE {shown!r} begins like JSON but is not JSON ({error}); correct it, "
                              "or give --string to take it as a string") from None
         return raw
+
+
+def _utf8_text(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{where} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}), so it "
+                         "has no JSON form; give --bytes to store it as a byte string, as it is") from None

@@ -16,14 +16,15 @@ from queen.cli.output import (
     EXIT_NO,
     EXIT_OK,
     EXIT_USAGE,
-    STRING_HELP,
     VALUE_HELP,
+    add_value_options,
     iso,
     open_client,
     print_json,
     read_value,
     say_no,
     show_value,
+    sole,
     wait_s,
 )
 
@@ -76,7 +77,7 @@ def add_parser(commands, parents: dict) -> None:
     push.add_argument("value", help="the message's payload: " + VALUE_HELP)
     push.add_argument("--partition", help='the partition to append to: 1-256 bytes (default "Default")')
     push.add_argument("--transaction-id", help="makes the push idempotent (one is generated if not given)")
-    push.add_argument("--string", action="store_true", help=STRING_HELP)
+    add_value_options(push)
     push.set_defaults(handler=queue_push)
     pop = actions.add_parser(
         "pop", parents=[client], help="take messages under a lease",
@@ -179,10 +180,12 @@ async def queue_configure(args) -> int:
 
 
 async def queue_push(args) -> int:
+    from queen_client import Push
+
     value = read_value(args)
     async with open_client(args) as client:
-        result = await client.queue(args.queue).push(value, partition=args.partition,
-                                                     transaction_id=args.transaction_id)
+        # push_many: VALUE is one message's payload whatever it is, a JSON array too.
+        [result] = await client.queue(args.queue).push_many([Push(value, args.partition, args.transaction_id)])
     if args.json:
         print_json({"status": result.status, "queue": result.queue, "partition": result.partition,
                     "partitionId": result.partition_id, "messageId": result.message_id, "offset": result.offset,
@@ -195,16 +198,22 @@ async def queue_push(args) -> int:
 
 
 async def queue_pop(args) -> int:
-    from queen_client.queues import WAIT_MS_MAX
+    from queen_client.queues import DEFAULT_GROUP, WAIT_MS_MAX
 
     wait = wait_s(args.wait, WAIT_MS_MAX / 1000)
+    why_not = None
     async with open_client(args) as client:
+        queue = client.queue(args.queue)
         while True:
-            delivery = await client.queue(args.queue).pop(
+            delivery = await queue.pop(
                 group=args.group, batch=args.batch, partition=args.partition,
                 wait=None if wait is None else min(wait, WAIT_MS_MAX / 1000), auto_ack=args.auto_ack)
             if delivery.messages or wait != math.inf:
                 break
+        if not delivery.messages and not args.json:
+            why_not = _nothing_to_deliver(args, delivery.reason, args.group or DEFAULT_GROUP,
+                                          None if args.partition is not None else await queue.info())
+    # Nothing below may fail: with --auto-ack the messages are already resolved, and shown only here.
     if args.json:
         print_json({"leaseId": delivery.lease_id, "expiresAt": delivery.expires_at_ms, "reason": delivery.reason,
                     "messages": [{"partition": m.partition, "partitionId": m.partition_id, "offset": m.offset,
@@ -218,8 +227,27 @@ async def queue_pop(args) -> int:
         for m in delivery.messages:
             print(f"{m.partition}\t{m.offset}\t{show_value(m.data)}" + (f"\tretry {m.retry_count}" if m.retry_count else ""))
     else:
-        say_no(f"nothing to deliver ({delivery.reason})")
+        say_no(why_not)
     return EXIT_OK if delivery.messages else EXIT_NO
+
+
+def _nothing_to_deliver(args, reason: str | None, group: str, info: dict | None) -> str:
+    """Why a pop delivered nothing, as far as the broker's answer and (without --partition) the
+    queue's counts for the group tell: the broker answers "empty" alike for a queue with nothing
+    pending and for one whose pending messages sit in partitions other consumers hold."""
+    if reason == "lease_held":
+        return (f"nothing to deliver: partition {args.partition} is leased to another consumer of group {group} "
+                "(its messages come back when that consumer acks them or its lease ends)")
+    said = f"nothing to deliver within --wait {args.wait}" if reason == "timeout" else "nothing to deliver now"
+    if info is None:  # one partition: the broker looked at it alone
+        return f"{said}: partition {args.partition} holds no message group {group} may take now"
+    counts = next((g for g in info.get("groups", ()) if g["consumerGroup"] == group), None)
+    pending, in_flight = (counts["pending"], counts["inFlight"]) if counts is not None else (0, 0)
+    if pending == 0:
+        busy = f"; {in_flight} in flight under other consumers' leases" if in_flight else ""
+        return f"{said}: no message is pending for group {group}{busy}"
+    return (f"{said}: {pending} message(s) pending for group {group}, none of them deliverable now: they are in "
+            f"partitions leased to other consumers ({in_flight} in flight) or wait out a delay or a retry backoff")
 
 
 async def queue_ack(args) -> int:
@@ -296,6 +324,14 @@ async def queue_consume(args) -> int:
         running[0] += 1
         try:
             await run_one(message)
+        except CommandFailed:
+            raise  # the command's own failure: its stderr, passed on, said why
+        except Exception as raised:  # noqa: BLE001 - ours, not the command's: said here, and failed with its cause
+            error = sole(raised)
+            cause = f"queen queue consume: {type(error).__name__}: {error}"
+            print(f"{cause} (message {message.queue}/{message.partition} offset {message.offset}, acked failed)",
+                  file=sys.stderr, flush=True)
+            raise ConsumeFailed(cause) from error
         finally:
             running[0] -= 1
 
@@ -305,6 +341,7 @@ async def queue_consume(args) -> int:
                    QUEEN_OFFSET=str(message.offset), QUEEN_MESSAGE_ID=str(message.message_id),
                    QUEEN_TRANSACTION_ID=message.transaction_id, QUEEN_RETRY_COUNT=str(message.retry_count),
                    QUEEN_LEASE_ID=str(message.lease_id), QUEEN_CREATED_AT=str(message.created_at_ms))
+        payload = stdin_bytes(message.data)  # before the command starts: it never runs without its stdin
         process = await anyio.open_process(command, stdin=subprocess.PIPE, stdout=None, stderr=subprocess.PIPE,
                                            env=env)
         tail = b""
@@ -312,7 +349,7 @@ async def queue_consume(args) -> int:
             async with anyio.create_task_group() as streams:
                 async def feed() -> None:
                     try:
-                        await process.stdin.send(show_value(message.data).encode())
+                        await process.stdin.send(payload)
                     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                         pass  # it did not read its stdin: fine
                     await process.stdin.aclose()
@@ -361,5 +398,18 @@ async def queue_consume(args) -> int:
     return EXIT_OK
 
 
+def stdin_bytes(payload) -> bytes:
+    """What a consumed command reads on its stdin: a byte string as it is, a string as its UTF-8
+    text, anything else as the wire's JSON (bytes inside it as {"$bytes": ...})."""
+    if isinstance(payload, bytes):
+        return payload
+    return show_value(payload).encode("utf-8")
+
+
 class CommandFailed(Exception):
     """A consumed command exited with a status other than 0: its last stderr line is the error."""
+
+
+class ConsumeFailed(Exception):
+    """The worker itself failed to run the command for a message (it could not be started, its
+    stdin or stderr failed): the message is acked failed with this, which names the cause."""

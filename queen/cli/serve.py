@@ -13,7 +13,7 @@ import textwrap
 
 from queen.auth import AuthFileError
 from queen.cli.check import EXIT_REFUSED, server_dependencies_missing
-from queen.config import Config, config_fields, validate
+from queen.config import CHOICES, Config, config_fields, validate
 from queen.errors import CorruptLog, RefusedToStart, VersionsExhausted
 from queen.logs import LineFormatter
 
@@ -63,9 +63,11 @@ def add_parser(commands) -> None:
             serve.add_argument("--" + name.replace("_", "-"), dest=name, default=None, action="store_const",
                                const=True, help=f"{help_text} [env {env_name(name)}=1]")
             continue
+        # A fixed set of values is the flag's choices (tab completion offers them); a log level in
+        # capitals (INFO) is the level still, as logging has it.
         serve.add_argument("--" + name.replace("_", "-"), *FLAG_ALIASES.get(name, ()), dest=name, default=None,
-                           metavar=metavar,
-                           type={"int": int, "float": float}.get(kind, str),
+                           metavar=metavar, choices=CHOICES.get(name),
+                           type=str.lower if name == "log_level" else {"int": int, "float": float}.get(kind, str),
                            help=f"{help_text} [env {env_name(name)}] (default: {default if default != '' else 'none'})")
     serve.set_defaults(run=lambda args: serve_broker(resolve_config(args)))
 

@@ -8,8 +8,8 @@ from datetime import datetime
 from queen.cli.output import (
     EXIT_NO,
     EXIT_OK,
-    STRING_HELP,
     VALUE_HELP,
+    add_value_options,
     iso,
     open_client,
     print_json,
@@ -52,7 +52,7 @@ def add_parser(commands, parents: dict) -> None:
     schedule.add_argument("--partition", help='the partition its message goes to: 1-256 bytes (default '
                                               '"Default")')
     schedule.add_argument("--transaction-id", help="the message's transactionId (deduplicated in its partition)")
-    schedule.add_argument("--string", action="store_true", help=STRING_HELP)
+    add_value_options(schedule)
     schedule.set_defaults(handler=timer_schedule)
     for action, handler, helptext in (
             ("cancel", timer_cancel, "cancel a pending timer (exit 1 if none was pending: it may have fired)"),

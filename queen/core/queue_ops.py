@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import difflib
+from typing import Any
 
 import orjson
 
@@ -29,8 +30,10 @@ GENERATED_ID_PREFIX = "queen:"
 STATUSES = ("completed", "failed", "dlq")
 MODES = ("all", "new")
 
-# name -> (default, low, high); dlqAfterMaxRetries is a boolean (no bounds).
-OPTIONS = {
+# name -> (default, low, high); dlqAfterMaxRetries is a boolean (no bounds). The default is typed
+# Any, not inferred: compiled, an int-typed default is unboxed to a machine integer and True comes
+# back out as 1, which the answers then showed as `"dlqAfterMaxRetries": 1`.
+OPTIONS: dict[str, tuple[Any, int | None, int | None]] = {
     "leaseTimeSeconds": (300, 1, 86_400),
     "retryLimit": (3, 0, 1_000),
     "dlqAfterMaxRetries": (True, None, None),
@@ -44,7 +47,7 @@ OPTIONS = {
     "dedupWindowSeconds": (900, 1, 604_800),
     "maxSize": (1_000_000, 0, 100_000_000),
 }
-DEFAULT_OPTIONS = {name: spec[0] for name, spec in OPTIONS.items()}
+DEFAULT_OPTIONS: dict[str, Any] = {name: spec[0] for name, spec in OPTIONS.items()}
 
 
 def queue_name(raw, limits: Limits, index=None) -> str:

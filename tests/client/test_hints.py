@@ -75,6 +75,36 @@ def test_the_command_hints_at_its_ca_file_flag_when_it_does_not_trust_the_certif
     assert trusted.returncode == 1 and "cannot connect" not in trusted.stderr, trusted.stderr  # not found
 
 
+@pytest.fixture(scope="module")
+def localhost_only_server(tmp_path_factory):
+    """A server over HTTPS whose certificate names localhost only: 127.0.0.1 is not in it."""
+    directory = str(tmp_path_factory.mktemp("pki-localhost"))
+    ca = make_test_ca(directory)
+    cert, key = make_server_cert(directory, ca, alt_names="DNS:localhost")
+    with ServerProcess(os.path.join(directory, "data"), "--tls-cert", cert, "--tls-key", key,
+                       ca_file=ca[0]) as server:
+        yield server
+
+
+@needs_openssl
+def test_an_address_the_certificate_does_not_list_is_told_to_use_a_name_it_lists(localhost_only_server):
+    server = localhost_only_server
+    assert "://127.0.0.1:" in server.url
+    with queen_client.SyncClient(server.url, ca_file=server.ca_file) as client:
+        with pytest.raises(queen_client.CannotConnect) as caught:
+            client.kv.get("ns", "k")
+    message = str(caught.value)
+    assert "IP address mismatch" in message and "use a name the certificate lists in the URL" in message
+    assert "ca_file" not in message  # the CA was given: it is not what is wrong
+    done = queen("kv", "get", "ns", "k", "--url", server.url, "--ca-file", server.ca_file)
+    assert done.returncode == 69 and "IP address mismatch" in done.stderr
+    assert done.stderr.rstrip().endswith("use a name the certificate lists in --url"), done.stderr
+    assert "--ca-file" not in done.stderr
+    by_name = queen("kv", "get", "ns", "k", "--url", server.url.replace("127.0.0.1", "localhost"),
+                    "--ca-file", server.ca_file)
+    assert by_name.returncode == 1 and "cannot connect" not in by_name.stderr, by_name.stderr  # not found
+
+
 def test_the_backup_and_cluster_commands_hint_at_queen_serve_too(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     backup = queen("backup", str(tmp_path / "x.qbk"), "--url", url)

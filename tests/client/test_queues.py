@@ -89,6 +89,46 @@ def test_both_process_acks_failed_on_an_exception_and_the_dlq_takes_a_poison_mes
     run(backend, body)
 
 
+def test_both_a_handlers_error_wrapped_by_its_own_nursery_is_the_dlq_entrys_error(backend, server, unique):
+    async def body():
+        async with queen_client.Client(server.url) as client:
+            queue = client.queue(unique)
+            await queue.configure(retryLimit=0)
+            await queue.push("poison")
+
+            stop = anyio.Event()
+
+            async def handler(message):
+                stop.set()  # after this message
+                async with anyio.create_task_group() as tasks:  # raises ExceptionGroup([ValueError])
+                    async def parse():
+                        raise ValueError(f"cannot parse {message.data!r}")
+
+                    tasks.start_soon(parse)
+
+            await queue.process(handler, wait="1s", stop=stop, handle_signals=False)
+            [entry] = [e async for e in queue.dlq()]
+            assert entry["error"] == "cannot parse 'poison'"  # not "unhandled errors in a TaskGroup (1 sub-exception)"
+
+    run(backend, body)
+
+
+def test_push_refuses_a_list_rather_than_guess_and_push_many_is_the_same_in_a_transaction(server, unique):
+    with queen_client.SyncClient(server.url) as client:
+        queue = client.queue(unique)
+        before = client.statistics()["requests"]
+        for ambiguous in ([{"data": {"order": 1}}], ("a", "b")):  # the Queen MQ client's items; a tuple
+            with pytest.raises(TypeError, match=r"push_many\(\[a, b\]\) appends each item as a message"):
+                queue.push(ambiguous)
+        assert client.statistics()["requests"] == before  # nothing was sent
+        assert [r.status for r in queue.push_many([[1, 2]])] == ["queued"]  # one message whose payload is a list
+        assert client.transaction().queue(unique).push_many(["a", "b"]).commit().success
+        assert client.transaction().queue(unique).push(["c"]).commit().success  # the Queen MQ client's spelling
+        assert [m.data for m in queue.pop(batch=10, auto_ack=True).messages] == [[1, 2], "a", "b", "c"]
+        with pytest.raises(TypeError, match=r"a transaction's push takes a list of items"):
+            client.transaction().queue(unique).push({"order": 1})
+
+
 def test_both_the_consumer_extends_its_lease_while_a_message_is_handled(backend, server, unique):
     async def body():
         async with queen_client.Client(server.url) as client:

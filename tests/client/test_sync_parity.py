@@ -18,12 +18,13 @@ from queen_client.sync import (
     SyncQueue,
     SyncTimers,
     SyncTransaction,
+    _SyncTxnQueue,
 )
 from queen_client.timers import Timers
-from queen_client.txn import Transaction
+from queen_client.txn import Transaction, TxnQueue
 
 PAIRS = [(Client, SyncClient), (Kv, SyncKv), (Locks, SyncLocks), (Lock, SyncLock), (Queue, SyncQueue),
-         (Timers, SyncTimers), (Transaction, SyncTransaction)]
+         (Timers, SyncTimers), (Transaction, SyncTransaction), (TxnQueue, _SyncTxnQueue)]
 # async call -> why its blocking twin differs or is absent
 DIFFERENT = {
     (Client, "aclose"): "the blocking client closes with close(), as files and sockets do",

@@ -16,13 +16,29 @@ def test_bytes_are_sent_in_the_servers_lossless_form_and_read_back_as_bytes():
     assert values.decode(b'{"value":{"$bytes":"YQ==","other":1}}') == {"value": {"$bytes": "YQ==", "other": 1}}
 
 
-@pytest.mark.parametrize("when", [datetime.datetime(2026, 1, 2, 3, 4, 5), datetime.datetime.now(datetime.UTC),
-                                  datetime.date(2026, 1, 2), datetime.time(9, 30)])
-def test_a_date_or_time_is_refused_naming_where_it_is(when):
+@pytest.mark.parametrize("when, suggested", [
+    (datetime.datetime(2026, 1, 2, 3, 4, 5), "int(value.timestamp() * 1000)"),
+    (datetime.datetime.now(datetime.UTC), "int(value.timestamp() * 1000)"),
+    (datetime.date(2026, 1, 2), "as a string, e.g. value.isoformat() ('2026-12-01')"),
+    (datetime.time(9, 30), "as a string, e.g. value.isoformat() ('09:30:00'), or as seconds since midnight"),
+])
+def test_a_date_or_time_is_refused_naming_where_it_is_and_what_to_send_for_its_type(when, suggested):
     with pytest.raises(TypeError) as caught:
         values.encode({"items": [{"queue": "q", "payload": {"order": 1, "due": [0, when]}}]})
     message = str(caught.value)
-    assert message.startswith("body.items[0].payload.due[1]: a ") and "milliseconds since the epoch" in message
+    assert message.startswith(f"body.items[0].payload.due[1]: a {type(when).__name__} has no JSON form"), message
+    assert suggested in message, message
+    if not isinstance(when, datetime.datetime):  # a date or a time has no .timestamp() to suggest
+        assert "timestamp()" not in message, message
+
+
+def test_a_str_holding_undecodable_bytes_is_refused_saying_so():
+    text = b"caf\xe9".decode("utf-8", "surrogateescape")  # as sys.stdin reads latin-1 input in a UTF-8 locale
+    with pytest.raises(TypeError) as caught:
+        values.encode({"value": text})
+    message = str(caught.value)
+    assert message.startswith("body.value: the str is not text JSON can carry: it holds a lone surrogate"), message
+    assert "index 3" in message and "send the bytes themselves" in message
 
 
 def test_other_values_without_a_json_form_are_refused_naming_where_they_are():

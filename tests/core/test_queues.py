@@ -333,6 +333,22 @@ def test_replay_of_the_records_rebuilds_the_same_queues():
     assert b["success"] and replayed.versions.last == 0  # replay never takes versions
 
 
+def test_dlq_after_max_retries_is_a_boolean_in_every_answer_and_after_replay():
+    """Compiled, the option's default came out of an int-typed table as 1, and every answer showed
+    `"dlqAfterMaxRetries": 1` (a configure that set true on such a queue compared equal, so it
+    stayed 1). A queue_set that such a build wrote is read back as a boolean."""
+    assert DEFAULT_OPTIONS["dlqAfterMaxRetries"] is True
+    q = Queues()
+    assert q.configure(retryLimit=2)["options"]["dlqAfterMaxRetries"] is True
+    assert q.configure(queue="strict", dlqAfterMaxRetries=False)["options"]["dlqAfterMaxRetries"] is False
+    written_by_a_compiled_build = []
+    rec.queue_set(written_by_a_compiled_build, 1, "old", T0, {**DEFAULT_OPTIONS, "dlqAfterMaxRetries": 1})
+    for record in rec.decode(written_by_a_compiled_build):
+        q.state.replay(record)
+    assert info(q.state.shards[0].queues, "old", q.now)["options"]["dlqAfterMaxRetries"] is True
+    assert q.configure(queue="old", dlqAfterMaxRetries=True)["options"]["dlqAfterMaxRetries"] is True
+
+
 def test_a_snapshot_rebuilds_the_same_queues():
     q = Queues()
     q.push({"payload": 1, "transactionId": "t1"}, 2, 3, partition="p")

@@ -157,8 +157,10 @@ class QueueTable(Delivery):
         return queue
 
     def _apply_queue_set(self, version: int, name: str, created_at_ms: int, options: dict) -> Queue:
-        # The defaults first: a queue_set of an earlier build lacks the options added since.
+        # The defaults first: a queue_set of an earlier build lacks the options added since. A
+        # compiled build wrote dlqAfterMaxRetries as 1 or 0 (see DEFAULT_OPTIONS): it is a boolean.
         options = {**DEFAULT_OPTIONS, **options}
+        options["dlqAfterMaxRetries"] = bool(options["dlqAfterMaxRetries"])
         queue = self.queues.get(name)
         if queue is None:
             queue = self.queues[name] = Queue(name, created_at_ms, options, version, self.shared.usage.for_name(name))
